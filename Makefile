@@ -1,0 +1,51 @@
+# xfam developer commands. `make help` lists them.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+# Extra index for TORCH, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cu124
+TORCH_INDEX ?=
+BIN    := $(VENV)/bin
+# Tests and the main job run single-threaded per process: oversubscribed threads on a small
+# machine slow a test run by an order of magnitude (see ENVIRONMENT.md).
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-slow test-all train lint format bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.installed  ## create .venv: torch pinned first (TORCH=... to override), then xfam[dev]
+
+test: setup  ## the test suite (slow checks excluded), ~10 min on 2 cores
+	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
+
+test-slow: setup  ## only the long checks (marked slow)
+	$(TEST_ENV) $(BIN)/python -m pytest -m slow $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
+
+test-all: test test-slow  ## everything
+
+train: setup  ## the main job: tiny decoder on the embedded corpus (a few minutes), continued if already started
+	OMP_NUM_THREADS=2 $(BIN)/python train.py ckpt_path=auto
+
+lint: setup  ## ruff
+	$(BIN)/ruff check xfam tests scripts train.py
+	$(BIN)/ruff format --check xfam tests scripts train.py
+
+format: setup  ## apply ruff fixes and formatting
+	$(BIN)/ruff check --fix xfam tests scripts train.py
+	$(BIN)/ruff format xfam tests scripts train.py
+
+bench: setup  ## training throughput vs x-transformers and a minimal model (writes docs/benchmarks.md)
+	$(BIN)/python scripts/bench_train.py
+
+clean:  ## remove caches (not .venv, not runs/)
+	rm -rf .pytest_cache .ruff_cache build dist *.egg-info

@@ -1,0 +1,7 @@
+"""The ``attention`` slot: how queries meet keys. Importing this package registers every mechanism."""
+
+from xfam.attention import vanilla  # noqa: F401  (registration)
+from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, additive_mask, expand_kv
+from xfam.attention.mask import AttnMask
+
+__all__ = ["ATTENTION", "AttentionMechanism", "AttnMask", "DecodeState", "additive_mask", "expand_kv"]

@@ -1,0 +1,104 @@
+"""Contract of the attention slot: a mechanism maps ``(q, k, v, mask, bias, modifier)`` to outputs.
+
+The model owns projections, the head split, rotary application, memory concatenation and the
+output projection; a mechanism sees heads-first tensors:
+
+    q: [B, H, Sq, Dh]    k, v: [B, Hkv, Sk, Dh]  (Hkv divides H: grouped-query attention)
+    returns [B, H, Sq, Dh]
+
+Keys may extend in front of the queries (memory, decode cache): see ``AttnMask``. Capabilities are
+class attributes read by the build-time compatibility check; ``forward`` never asserts them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from xfam.attention.mask import AttnMask
+from xfam.pos.base import ScoreBias, ScoreModifier
+from xfam.registry import Component, Registry
+
+#: Decode state of one layer's mechanism; the default is a key/value cache.
+DecodeState = dict[str, Any]
+
+
+class AttentionMechanism(nn.Module, Component):
+    """Base of every ``attention`` component.
+
+    Capabilities:
+        causal / bidirectional: which masks the mechanism can honour.
+        accepts_bias: adds a ``ScoreBias`` to its scores.
+        hosts_modifiers: computes explicit scores, so a ``ScoreModifier`` can run inside it.
+        accepts_memory: keys may include memory or cache in front of the queries.
+        fixed_length: needs every sequence to have exactly ``max_len`` tokens.
+        backends: the implementations behind ``backend`` (``auto`` picks, and logs once).
+    """
+
+    causal: ClassVar[bool] = True
+    bidirectional: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    hosts_modifiers: ClassVar[bool] = False
+    accepts_memory: ClassVar[bool] = True
+    fixed_length: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("torch",)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> Tensor:
+        raise NotImplementedError  # abstract
+
+    def decode(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        state: DecodeState | None,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> tuple[Tensor, DecodeState]:
+        """Attend new queries to the cached keys plus the new ones; returns output and new state.
+
+        ``q, k, v`` hold only the new tokens; ``mask`` describes all keys (cache + new), so
+        ``mask.offset`` is the cache length. The default keeps a key/value cache (Hkv heads);
+        mechanisms with other state (running sums, a rolling window) override this.
+        """
+        if state is not None:
+            k = torch.cat((state["k"], k), dim=2)  # [B, Hkv, T + Sq, Dh]
+            v = torch.cat((state["v"], v), dim=2)
+        return self(q, k, v, mask, bias, modifier), {"k": k, "v": v}
+
+
+def expand_kv(x: Tensor, heads: int) -> Tensor:
+    """Repeat ``[B, Hkv, S, Dh]`` key/value heads to ``[B, H, S, Dh]`` for grouped-query attention."""
+    groups = heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def additive_mask(mask: AttnMask, bias: ScoreBias | None, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """Mask and bias as one additive ``[B|1, H|1, Sq, Sk]`` tensor (0 / -inf plus the bias).
+
+    Memoised on the mask, so all layers of one forward share it.
+    """
+
+    def make() -> Tensor | None:
+        allowed = mask.dense(device)  # [B|1, 1, Sq, Sk] or None
+        out = None if bias is None else bias.dense(mask, dtype).to(device)
+        if allowed is not None:
+            neg = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+            out = neg if out is None else out + neg
+        return out
+
+    return mask.memo(("additive", id(bias), dtype, device), make)
+
+
+ATTENTION: Registry[AttentionMechanism] = Registry("attention", AttentionMechanism)

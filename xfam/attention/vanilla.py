@@ -1,0 +1,112 @@
+"""Dense scaled dot-product attention (Vaswani et al., 2017): softmax(q k^T / sqrt(Dh) + b) v.
+
+Two paths behind ``backend``:
+
+* ``sdpa`` -- ``torch.nn.functional.scaled_dot_product_attention`` (flash/memory-efficient
+  kernels; grouped-query heads natively). Takes the mask as a causal flag when it is plainly
+  causal, else as one additive tensor that folds in the score bias.
+* ``torch`` -- the einsum reference: explicit scores, so it can host score modifiers.
+
+``auto`` uses sdpa unless a score modifier needs explicit scores; the choice is logged once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xfam.attention.base import ATTENTION, AttentionMechanism, additive_mask, expand_kv
+from xfam.attention.mask import AttnMask
+from xfam.logs import log_once
+from xfam.pos.base import ScoreBias, ScoreModifier
+from xfam.registry import Probability
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: AttnMask,
+    bias: ScoreBias | None = None,
+    modifier: ScoreModifier | None = None,
+    dropout: float = 0.0,
+) -> Tensor:
+    """Explicit-score attention; the ground truth every other path is tested against."""
+    heads = q.shape[1]
+    k, v = expand_kv(k, heads), expand_kv(v, heads)  # [B, H, Sk, Dh]
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])  # [B, H, Sq, Sk]
+    if modifier is not None:
+        scores = modifier.logits(scores, q, k, mask)
+    add = additive_mask(mask, bias, scores.dtype, scores.device)
+    if add is not None:
+        scores = scores + add
+    probs = torch.softmax(scores, dim=-1)
+    if dropout:
+        probs = F.dropout(probs, dropout)
+    out = torch.einsum("bhqk,bhkd->bhqd", probs, v)  # [B, H, Sq, Dh]
+    extra = modifier.output(probs, mask) if modifier is not None else None
+    return out if extra is None else out + extra
+
+
+@ATTENTION.register("vanilla")
+class Vanilla(AttentionMechanism):
+    """Full softmax attention over all visible keys.
+
+    Args:
+        backend: ``auto`` | ``sdpa`` | ``torch`` (see the module docstring).
+        dropout: dropout on the attention probabilities (training only).
+    """
+
+    hosts_modifiers = True
+    backends = ("sdpa", "torch")
+
+    def __init__(
+        self,
+        *,
+        backend: Literal["auto", "sdpa", "torch"] = "auto",
+        dropout: Annotated[float, Probability] = 0.0,
+    ):
+        super().__init__()
+        self.backend, self.dropout = backend, dropout
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        if self._path(modifier) == "torch":
+            return reference_attention(q, k, v, mask, bias, modifier, p)
+        if mask.is_plain_causal and bias is None:
+            attn_mask, is_causal = None, True
+        else:
+            attn_mask, is_causal = additive_mask(mask, bias, q.dtype, q.device), False
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal, enable_gqa=k.shape[1] != q.shape[1]
+        )
+
+    def _path(self, modifier: ScoreModifier | None) -> str:
+        if self.backend != "auto":
+            return self.backend
+        if modifier is not None:
+            log_once("attention=vanilla backend=auto: torch reference path (a score modifier needs explicit scores)")
+            return "torch"
+        log_once("attention=vanilla backend=auto: sdpa path")
+        return "sdpa"
+
+    @classmethod
+    def refusals(cls, params: dict, selection: Any) -> list[str]:
+        if params.get("backend") == "sdpa" and selection.pos[0].kind == "modifier":
+            return [
+                f"attention=vanilla backend=sdpa cannot host pos={selection.pos[0].registry_name} (sdpa never "
+                f"materialises scores). Fix: attention.backend=auto or attention.backend=torch."
+            ]
+        return []

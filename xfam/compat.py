@@ -1,0 +1,110 @@
+"""Build-time compatibility check over the whole slot selection.
+
+Reads only class-level capabilities (and each component's optional ``refusals`` classmethod), so
+it runs before anything is built. Every refusal names the reason and the alternatives that would
+work with the rest of the selection unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from xfam.attention.base import ATTENTION, AttentionMechanism
+from xfam.exit.base import EXIT, ExitPolicy
+from xfam.memory.base import MEMORY, Memory
+from xfam.pos.base import POS, PositionalEncoding
+
+
+@dataclasses.dataclass
+class Selection:
+    """The classes and parameters chosen for each slot, plus the context they run in.
+
+    ``attention`` lists ``(class, params, per_head)`` for every distinct layer/group configuration;
+    ``memory`` lists ``(class, params)`` per layer.
+    """
+
+    attention: list[tuple[type[AttentionMechanism], dict[str, Any], bool]]
+    pos: tuple[type[PositionalEncoding], dict[str, Any]]
+    memory: list[tuple[type[Memory], dict[str, Any]]]
+    exit: tuple[type[ExitPolicy], dict[str, Any]]
+    causal: bool
+    streams: bool = False
+
+    @property
+    def has_memory(self) -> bool:
+        return any(cls.registry_name != "none" for cls, _ in self.memory)
+
+
+def _attention_vs_pos(att: type[AttentionMechanism], pos: type[PositionalEncoding], per_head: bool) -> str | None:
+    name, pname = att.registry_name, pos.registry_name
+    if pos.kind == "bias" and not att.accepts_bias:
+        return f"attention={name} cannot add a score bias, which pos={pname} is"
+    if pos.kind == "modifier":
+        if not att.hosts_modifiers:
+            return f"attention={name} never computes explicit scores, so it cannot host pos={pname}"
+        if pos.hosts is not None and name not in pos.hosts:
+            return f"pos={pname} runs only inside attention in {sorted(pos.hosts)}"
+        if per_head:
+            return f"pos={pname} (a score modifier) cannot be split across a per_head schedule"
+    return None
+
+
+def _attention_vs_model(att: type[AttentionMechanism], causal: bool) -> str | None:
+    if causal and not att.causal:
+        return f"attention={att.registry_name} cannot be causal, and this model is (a causal LM)"
+    if not causal and not att.bidirectional:
+        return f"attention={att.registry_name} is causal-only, and this model is bidirectional (a classifier)"
+    return None
+
+
+def _memory_reasons(mem: type[Memory], sel: Selection) -> list[str]:
+    name = mem.registry_name
+    out = []
+    if mem.needs_relative_pos and not sel.pos[0].relative:
+        out.append(
+            f"memory={name} needs relative positions (stored keys must keep their meaning in the next segment), "
+            f"but pos={sel.pos[0].registry_name} is absolute"
+        )
+    if mem.needs_streams and not sel.streams:
+        out.append(
+            f"memory={name} needs contiguous streams (row i of batch t+1 continues row i of batch t); "
+            f"set data.streams=true"
+        )
+    for att, _, _ in sel.attention:
+        if not att.accepts_memory and name != "none":
+            out.append(f"attention={att.registry_name} cannot attend to memory keys in front of the segment")
+    return out
+
+
+def _alternatives(slot: str, ok: Any) -> str:
+    registry = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}[slot]
+    names = [n for n, cls in registry.items() if ok(cls)]
+    return f"{slot} in [{', '.join(names)}]" if names else f"no {slot} component"
+
+
+def check(sel: Selection) -> list[str]:
+    """Every incompatibility in ``sel``, each with its reason and working alternatives."""
+    problems: list[str] = []
+    pos_cls, pos_params = sel.pos
+    for att, params, per_head in sel.attention:
+        if why := _attention_vs_model(att, sel.causal):
+            alt = _alternatives("attention", lambda c: _attention_vs_model(c, sel.causal) is None)
+            problems.append(f"{why}. Alternatives: {alt}.")
+        if why := _attention_vs_pos(att, pos_cls, per_head):
+            alt_pos = _alternatives("pos", lambda c, a=att, h=per_head: _attention_vs_pos(a, c, h) is None)
+            alt_att = _alternatives("attention", lambda c, h=per_head: _attention_vs_pos(c, pos_cls, h) is None)
+            problems.append(f"{why}. Alternatives: {alt_pos} with this attention, or {alt_att} with this pos.")
+        problems += att.refusals(params, sel)
+    for mem, params in {cls.registry_name: (cls, p) for cls, p in sel.memory}.values():
+        for why in _memory_reasons(mem, sel):
+            problems.append(f"{why}. Fix: change the named setting, or use memory=none.")
+        problems += mem.refusals(params, sel)
+    problems += pos_cls.refusals(pos_params, sel)
+    problems += sel.exit[0].refusals(sel.exit[1], sel)
+    return list(dict.fromkeys(problems))
+
+
+def matrix() -> dict[tuple[str, str], str | None]:
+    """attention x pos compatibility for ``xfam list``: None where they combine, else the reason."""
+    return {(a, p): _attention_vs_pos(acls, pcls, False) for a, acls in ATTENTION.items() for p, pcls in POS.items()}

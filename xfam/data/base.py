@@ -1,0 +1,118 @@
+"""Contract of the data slot: a source prepares Hugging Face ``datasets`` splits and collates rows.
+
+Every source is registered in ``DATA`` under its YAML name (``configs/data/<name>.yaml``), takes
+keyword-only annotated parameters like every component, and after ``prepare()`` exposes what the
+model builder and the trainer need. Nothing is fetched from a hub unless the user configures a hub
+dataset; ``prepare`` does the (cached) work, ``check`` only cheap validation (paths exist ...).
+
+Rows (columns of each split, torch-formatted):
+
+* language modelling (``task = "lm"``): ``tokens`` int ``[S + 1]`` (inputs are ``tokens[:-1]``,
+  targets ``tokens[1:]``) and optionally ``target_mask`` bool ``[S]`` (False: the target does not
+  count, e.g. the prompt half of a copy task). With ``contiguous = True`` row k+1 continues row k
+  (so the sampler can lay out contiguous streams for the memory slot).
+* classification (``task = "classify"``): ``input_ids`` int ``[n <= S]`` and ``label`` int.
+
+Batches (what ``collate`` returns and the Lightning module consumes):
+
+* ``input_ids`` long ``[B, S]``
+* ``labels`` long ``[B, S]`` with -100 where no target counts (lm) / ``label`` long ``[B]`` (classify)
+* ``key_padding`` bool ``[B, S]``, True on real tokens (only when rows are padded)
+* ``segments`` long ``[B, S]`` document ids (only when ``doc_mask`` asks attention to stay
+  inside documents of packed rows)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+from xfam.registry import Component, Registry
+
+Split = Literal["train", "validation", "test"]
+Task = Literal["lm", "classify"]
+
+
+class DataSource(Component):
+    """Base of every ``data`` component.
+
+    Class attributes:
+        task: ``lm`` or ``classify``.
+        contiguous: lm rows are consecutive chunks of one token stream (streams mode possible).
+
+    Set by ``prepare()``:
+        vocab_size: number of token ids (all ids in the data are below it).
+        num_classes: classes of a classification task (None for lm).
+        token_bytes: ``[V]`` bytes each token id stands for (0 for special tokens), for
+            bits-per-byte; None where bytes are meaningless (synthetic tasks).
+        pad_id / eos_id: padding and document-boundary token ids (None when unused).
+        fingerprint: short hash of everything that determines the data (files and their
+            contents, tokenizer, generator parameters, seed).
+        manifest: a JSON-able description (files with sizes and hashes, generator settings).
+    """
+
+    task: ClassVar[Task] = "lm"
+    contiguous: ClassVar[bool] = False
+
+    vocab_size: int
+    num_classes: int | None = None
+    token_bytes: list[int] | None = None
+    pad_id: int | None = None
+    eos_id: int | None = None
+    fingerprint: str = ""
+    manifest: dict[str, Any]
+    seq_len: int
+    batch_size: int
+    doc_mask: bool = False
+
+    def prepare(self) -> None:
+        """Build or load (from the ``datasets`` cache) every split; validate token ids."""
+        raise NotImplementedError  # abstract
+
+    def split(self, name: Split) -> Any:
+        """The prepared ``datasets.Dataset`` of one split, torch-formatted."""
+        raise NotImplementedError  # abstract
+
+    def encode(self, text: str) -> list[int]:
+        """Text to token ids (text sources only; used by ``xfam generate``)."""
+        raise NotImplementedError(f"data={self.registry_name} has no text tokenizer")  # abstract
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError(f"data={self.registry_name} has no text tokenizer")  # abstract
+
+    def collate(self, rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """Rows of one split to a batch (see the module docstring)."""
+        if self.task == "classify":
+            return collate_classify(rows, self.pad_id or 0)
+        return collate_lm(rows, self.eos_id if self.doc_mask else None)
+
+
+def collate_lm(rows: list[dict[str, Tensor]], boundary: int | None = None) -> dict[str, Tensor]:
+    tokens = torch.stack([r["tokens"] for r in rows]).long()  # [B, S + 1]
+    inputs, labels = tokens[:, :-1], tokens[:, 1:].clone()
+    if "target_mask" in rows[0]:
+        keep = torch.stack([r["target_mask"] for r in rows]).bool()  # [B, S]
+        labels[~keep] = -100
+    batch = {"input_ids": inputs.contiguous(), "labels": labels}
+    if boundary is not None:
+        # Document k starts after the k-th boundary token: a boundary closes its own document.
+        starts = torch.nn.functional.pad((inputs == boundary).long(), (1, 0))[:, :-1]
+        batch["segments"] = starts.cumsum(dim=1)  # [B, S]
+    return batch
+
+
+def collate_classify(rows: list[dict[str, Tensor]], pad_id: int) -> dict[str, Tensor]:
+    lengths = [len(r["input_ids"]) for r in rows]
+    width = max(lengths)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : lengths[i]] = r["input_ids"]
+    batch = {"input_ids": ids, "label": torch.stack([torch.as_tensor(r["label"]) for r in rows]).long()}
+    if min(lengths) < width:
+        batch["key_padding"] = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]  # [B, S]
+    return batch
+
+
+DATA: Registry[DataSource] = Registry("data", DataSource)

@@ -1,0 +1,24 @@
+"""Every token runs every layer, in order (the standard Transformer stack)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+from xfam.exit.base import EXIT, ExitOutput, ExitPolicy
+
+
+@EXIT.register("none")
+class FullDepth(ExitPolicy):
+    """Runs layers 0..L-1 for all tokens; no auxiliary loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(
+        self, x: Tensor, run_layer: Callable[[int, Tensor], Tensor], num_layers: int, head: Callable[[Tensor], Tensor]
+    ) -> ExitOutput:
+        for step in range(num_layers):
+            x = run_layer(step, x)
+        return ExitOutput(hidden=x)

@@ -1,0 +1,98 @@
+"""The ``model`` config section: sizes and architectural options, with their only defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any, Literal
+
+from xfam.registry import NonNegative, Positive, Probability, Range
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Architecture of an xfam model (the slots are configured separately).
+
+    Attributes:
+        name: preset name, recorded for reports.
+        dim: model width D.
+        layers: number of blocks L.
+        heads: query heads H (must divide ``dim`` unless ``head_dim`` is set).
+        kv_heads: key/value heads for grouped-query attention (divides ``heads``); null = heads.
+        head_dim: per-head width Dh; null = dim / heads.
+        ffn: ``gelu`` (Linear-GELU-Linear) or ``swiglu`` (Shazeer, 2020).
+        ffn_mult: FFN hidden width as a multiple of ``dim`` (for swiglu scaled by 2/3, rounded
+            up to a multiple of 8, which keeps the parameter count of the GELU FFN).
+        norm: ``layernorm`` or ``rmsnorm`` (Zhang & Sennrich, 2019).
+        norm_position: ``pre`` (norm inside the residual branch, plus a final norm; trains stably
+            without warmup tricks) or ``post`` (the original Transformer).
+        bias: biases in the linear layers and LayerNorm.
+        dropout: dropout on embeddings, attention output and FFN output.
+        tie_embeddings: the output projection shares the token embedding matrix.
+        max_len: longest sequence the model is built for (learned position table size).
+        vocab_size: null = taken from the data; an explicit value must cover the data's tokens.
+        causal: null = from the task (causal LM, bidirectional classifier).
+        pool: how a classifier pools the encoder: ``cls`` (first token) or ``mean`` (non-pad).
+        init_std: std of the normal init; residual output projections use init_std/sqrt(2L)
+            (GPT-2), so the residual stream does not grow with depth.
+    """
+
+    name: str = "custom"
+    dim: Annotated[int, Positive] = 256
+    layers: Annotated[int, Positive] = 4
+    heads: Annotated[int, Positive] = 4
+    kv_heads: Annotated[int, Positive] | None = None
+    head_dim: Annotated[int, Positive] | None = None
+    ffn: Literal["gelu", "swiglu"] = "gelu"
+    ffn_mult: Annotated[float, Positive] = 4.0
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_position: Literal["pre", "post"] = "pre"
+    bias: bool = False
+    dropout: Annotated[float, Probability] = 0.0
+    tie_embeddings: bool = False
+    max_len: Annotated[int, Positive] = 1024
+    vocab_size: Annotated[int, Range(ge=2)] | None = None
+    causal: bool | None = None
+    pool: Literal["cls", "mean"] = "mean"
+    init_std: Annotated[float, NonNegative] = 0.02
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.dim // self.heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = self.ffn_mult * self.dim
+        if self.ffn == "swiglu":
+            hidden = 8 * -(-int(2 * hidden / 3) // 8)
+        return int(hidden)
+
+    def problems(self) -> list[str]:
+        """Constraints between fields (each field's own type and range is checked from the hints)."""
+        out = []
+        if self.head_dim is None and self.dim % self.heads:
+            out.append(
+                f"model.heads={self.heads} does not divide model.dim={self.dim}. Fix: choose heads among "
+                f"{[h for h in range(1, self.dim + 1) if self.dim % h == 0 and h <= 64]} or set model.head_dim."
+            )
+        if self.heads % self.n_kv_heads:
+            out.append(
+                f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}. Fix: choose kv_heads among "
+                f"{[h for h in range(1, self.heads + 1) if self.heads % h == 0]}."
+            )
+        return out
+
+    def structural(self, causal: bool) -> dict[str, Any]:
+        """The sizes injected into slot components."""
+        return {
+            "dim": self.dim,
+            "heads": self.heads,
+            "kv_heads": self.n_kv_heads,
+            "head_dim": self.d_head,
+            "max_len": self.max_len,
+            "causal": causal,
+            "num_layers": self.layers,
+        }

@@ -1,0 +1,196 @@
+"""The xfam model: embeddings, one positional encoding, L blocks traversed by the exit policy,
+per-layer memory, and a head (causal LM or pooled classifier).
+
+    tokens [B, S] -> embed [B, S, D] -> (+ input positions) -> blocks -> norm -> head
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState
+from xfam.attention.groups import HeadGroups
+from xfam.attention.mask import AttnMask
+from xfam.exit.base import EXIT
+from xfam.memory.base import MEMORY, MemoryState
+from xfam.model.block import Block, LayerContext
+from xfam.model.layers import make_norm
+from xfam.model.spec import ModelSpec
+from xfam.pos.base import POS
+from xfam.schedule import per_head, per_layer
+
+Task = Literal["lm", "classify"]
+
+
+@dataclasses.dataclass
+class DecodeCache:
+    """Incremental-decoding state: tokens seen so far and each layer's mechanism state."""
+
+    length: int
+    layers: list[DecodeState | None]
+
+
+@dataclasses.dataclass
+class ModelOutput:
+    """``logits``: ``[B, S, V]`` (lm) or ``[B, C]`` (classify). ``aux``: auxiliary losses owned by
+    components (summed into the loss by the trainer). ``depth``: layers used per token, if the
+    exit policy varies it. ``memory`` / ``cache``: the new states, when states were passed in."""
+
+    logits: Tensor
+    aux: dict[str, Tensor]
+    memory: list[MemoryState] | None = None
+    cache: DecodeCache | None = None
+    depth: Tensor | None = None
+
+
+class XfamModel(nn.Module):
+    """A Transformer assembled from one component per slot."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        task: Task,
+        vocab_size: int,
+        num_classes: int | None = None,
+        attention: dict[str, Any],
+        pos: dict[str, Any],
+        memory: dict[str, Any],
+        exit: dict[str, Any],
+    ):
+        super().__init__()
+        self.spec, self.task = spec, task
+        self.causal = spec.causal if spec.causal is not None else task == "lm"
+        struct = spec.structural(self.causal)
+        self.embed = nn.Embedding(vocab_size, spec.dim)
+        self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
+        self.pos = POS.build(pos, **struct)
+        self.exit = EXIT.build(exit, **struct)
+        self.num_layers = spec.layers
+        n_blocks = self.exit.blocks_needed(spec.layers)
+        attn_layers = per_layer(attention, spec.layers, "attention")
+        self.blocks = nn.ModuleList(
+            Block(spec, build_mechanism(attn_layers[i], struct, layer=i), layer=i) for i in range(n_blocks)
+        )
+        self.memories = nn.ModuleList(
+            MEMORY.build(cfg, **struct, layer=i) for i, cfg in enumerate(per_layer(memory, spec.layers, "memory"))
+        )
+        self.norm = make_norm(spec) if spec.norm_position == "pre" else nn.Identity()
+        out_dim = vocab_size if task == "lm" else num_classes
+        self.head = nn.Linear(spec.dim, out_dim, bias=task == "classify")
+        self.apply(self._init)
+        if spec.tie_embeddings and task == "lm":
+            self.head.weight = self.embed.weight
+
+    def _init(self, m: nn.Module) -> None:
+        std = self.spec.init_std
+        if isinstance(m, nn.Linear):
+            scale = 1 / math.sqrt(2 * self.spec.layers) if getattr(m, "residual_out", False) else 1.0
+            nn.init.normal_(m.weight, std=std * scale)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+
+    # -- state -----------------------------------------------------------------------------------
+    def init_memory(self, batch_size: int, device: torch.device) -> list[MemoryState]:
+        """Empty memory for every layer (pass to ``forward(memory=...)``)."""
+        return [m.init_state(batch_size, device) for m in self.memories]
+
+    # -- forward ---------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        key_padding: Tensor | None = None,
+        segments: Tensor | None = None,
+        memory: list[MemoryState] | None = None,
+        cache: DecodeCache | None = None,
+    ) -> ModelOutput:
+        """Run the model.
+
+        Args:
+            tokens: ``[B, S]`` token ids.
+            key_padding: ``[B, S]`` bool, True for real tokens (None: no padding).
+            segments: ``[B, S]`` document ids of packed rows; attention stays within a document.
+            memory: per-layer memory states from the previous segment (or ``init_memory``).
+            cache: decode state; when given, ``tokens`` are new tokens after ``cache.length``.
+        """
+        b, s = tokens.shape
+        offset = cache.length if cache is not None else 0
+        positions = torch.arange(offset, offset + s, device=tokens.device)  # [S]
+        x = self.drop(self.pos.embed(self.embed(tokens), positions))  # [B, S, D]
+        mems = [m.read(st) for m, st in zip(self.memories, memory, strict=True)] if memory is not None else None
+        new_mem = list(memory) if memory is not None else None
+        states = list(cache.layers) if cache is not None else None
+        contexts: dict[int, LayerContext] = {}
+        aux: dict[str, Tensor] = {}
+
+        def context(front: int) -> LayerContext:
+            # Keys = [front (memory or cache) | segment]; one context per distinct front length.
+            if front not in contexts:
+                if key_padding is not None and front and cache is None:
+                    pad = torch.cat((key_padding.new_ones(b, front), key_padding), dim=1)  # [B, M + S]
+                else:
+                    pad = key_padding
+                mask = AttnMask(q_len=s, k_len=front + s, causal=self.causal, key_padding=pad, segments=segments)
+                key_pos = torch.arange(front + s, device=tokens.device)[-s if cache is not None else 0 :]
+                contexts[front] = LayerContext(
+                    mask=mask,
+                    pos=self.pos,
+                    bias=self.pos.score_bias(),
+                    rotary=self.pos.rotary_tables(key_pos, x.dtype),
+                    decoding=cache is not None,
+                )
+            return contexts[front]
+
+        def run_layer(step: int, h: Tensor) -> Tensor:
+            mem = mems[step] if mems is not None else None
+            front = offset if cache is not None else (0 if mem is None else mem.shape[1])
+            out, st = self.blocks[step % len(self.blocks)](
+                h, context(front), mem, states[step] if states is not None else None
+            )
+            if states is not None:
+                states[step] = st
+            if new_mem is not None:
+                new_mem[step], losses = self.memories[step].write(memory[step], h)
+                for k, val in losses.items():
+                    aux[f"memory/{k}"] = aux.get(f"memory/{k}", 0.0) + val
+            return out
+
+        res = self.exit(x, run_layer, self.num_layers, self.head_logits)
+        aux.update({f"exit/{k}": val for k, val in res.aux.items()})
+        logits = self.head_logits(res.hidden, key_padding)
+        new_cache = DecodeCache(offset + s, states) if states is not None else None
+        return ModelOutput(logits=logits, aux=aux, memory=new_mem, cache=new_cache, depth=res.depth)
+
+    def head_logits(self, hidden: Tensor, key_padding: Tensor | None = None) -> Tensor:
+        """Final norm and head: ``[B, S, D] -> [B, S, V]`` (lm) or pooled ``[B, C]`` (classify)."""
+        h = self.norm(hidden)
+        if self.task == "lm":
+            return self.head(h)
+        if self.spec.pool == "cls":
+            return self.head(h[:, 0])
+        if key_padding is None:
+            return self.head(h.mean(dim=1))
+        w = key_padding.to(h.dtype).unsqueeze(-1)  # [B, S, 1]
+        return self.head((h * w).sum(1) / w.sum(1).clamp_min(1))
+
+    def empty_cache(self) -> DecodeCache:
+        return DecodeCache(0, [None] * self.num_layers)
+
+
+def build_mechanism(cfg: dict[str, Any], struct: dict[str, Any], layer: int) -> AttentionMechanism:
+    """One layer's mechanism, or a ``HeadGroups`` of several when ``per_head`` splits its heads."""
+    heads, kv_heads = struct["heads"], struct["kv_heads"]
+    groups = per_head(cfg, heads, kv_heads, "attention")
+    if len(groups) == 1:
+        return ATTENTION.build(groups[0][1], **struct, layer=layer)
+    per_kv = heads // kv_heads
+    members = [ATTENTION.build(g, **{**struct, "heads": n, "kv_heads": n // per_kv}, layer=layer) for n, g in groups]
+    return HeadGroups(members, [n for n, _ in groups], heads, kv_heads)

@@ -1,0 +1,38 @@
+"""Learned absolute positions (Gehring et al., 2017, "Convolutional Sequence to Sequence
+Learning"; the GPT/BERT embedding table): one trained vector per position, added to the input.
+Positions at or beyond the table size cannot be encoded; the config check refuses such lengths."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from xfam.errors import ConfigError
+from xfam.pos.base import POS, PositionalEncoding
+
+
+@POS.register("learned")
+class Learned(PositionalEncoding):
+    """A ``[max_len, dim]`` embedding table (init N(0, 0.02)), added to the token embeddings.
+
+    Args:
+        dim: model width (injected).
+        max_len: number of positions in the table (injected from ``model.max_len``).
+    """
+
+    kind = "input"
+    bounded = True
+
+    def __init__(self, *, dim: int, max_len: int):
+        super().__init__()
+        self.table = nn.Embedding(max_len, dim)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        last = int(positions[-1]) if len(positions) else 0
+        if last >= self.table.num_embeddings:
+            raise ConfigError(
+                f"pos=learned: position {last} is past the learned table ({self.table.num_embeddings} "
+                f"positions). Fix: keep sequences <= model.max_len, or use pos=rope or pos=alibi, "
+                f"which extrapolate."
+            )
+        return x + self.table(positions)

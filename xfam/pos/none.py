@@ -1,0 +1,17 @@
+"""No positional information: attention is permutation-equivariant (a baseline; causal masking
+alone still lets a decoder infer order, as observed by Haviv et al., 2022)."""
+
+from __future__ import annotations
+
+from xfam.pos.base import POS, PositionalEncoding
+
+
+@POS.register("none")
+class NoPos(PositionalEncoding):
+    """Adds nothing; every hook is the identity."""
+
+    kind = "none"
+    relative = True
+
+    def __init__(self) -> None:
+        super().__init__()

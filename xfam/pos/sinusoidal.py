@@ -1,0 +1,49 @@
+"""Sinusoidal absolute positions (Vaswani et al., 2017, "Attention Is All You Need", sec. 3.5).
+
+PE(i, 2k) = sin(i / base^(2k/d)), PE(i, 2k+1) = cos(i / base^(2k/d)), added to the input.
+Vaswani et al. multiply the embeddings by sqrt(d) so that they and the unit-amplitude sinusoids are
+of comparable size; xfam initialises embeddings with std 0.02 instead, so it scales the sinusoids
+by ``scale`` (default 1/sqrt(d)), which keeps the same ratio without changing the embedding.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import torch
+from torch import Tensor
+
+from xfam.pos.base import POS, PositionalEncoding
+from xfam.registry import Positive
+
+
+def sinusoid_table(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """``[S, dim]`` table with sin on even and cos on odd channels (interleaved as in the paper)."""
+    k = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
+    angles = positions.float()[:, None] / base ** (k / dim)[None, :]  # [S, dim/2]
+    table = torch.empty(len(positions), dim, device=positions.device)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : dim // 2])
+    return table
+
+
+@POS.register("sinusoidal")
+class Sinusoidal(PositionalEncoding):
+    """Fixed sinusoidal encoding added to the token embeddings.
+
+    Args:
+        dim: model width (injected).
+        base: the wavelength base (10000 in the paper).
+        scale: multiplier on the table; null means 1/sqrt(dim) (see the module docstring).
+    """
+
+    kind = "input"
+
+    def __init__(self, *, dim: int, base: Annotated[float, Positive] = 10000.0, scale: float | None = None):
+        super().__init__()
+        self.dim, self.base = dim, base
+        self.scale = scale if scale is not None else 1 / math.sqrt(dim)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + self.scale * sinusoid_table(positions, self.dim, self.base).to(x.dtype)
