@@ -69,7 +69,7 @@ def _memory_reasons(mem: type[Memory], sel: Selection) -> list[str]:
     if mem.needs_streams and not sel.streams:
         out.append(
             f"memory={name} needs contiguous streams (row i of batch t+1 continues row i of batch t); "
-            f"set data.streams=true"
+            f"set loader.streams=true"
         )
     for att, _, _ in sel.attention:
         if not att.accepts_memory and name != "none":

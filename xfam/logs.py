@@ -13,3 +13,26 @@ def log_once(msg: str, level: int = logging.INFO) -> None:
     if msg not in _seen:
         _seen.add(msg)
         log.log(level, msg)
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning messages that are wrong or noise for xfam runs.
+
+    * the mid-epoch resume warning: xfam's sampler resumes exactly (``xfam.data.sampler``);
+    * "checkpoint directory exists": expected when a run continues;
+    * the LitLogger advertisement.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdverts) for f in logger.filters):
+            logger.addFilter(_DropAdverts())

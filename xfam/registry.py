@@ -86,9 +86,13 @@ def type_problem(value: Any, hint: Any) -> str | None:
     if origin in (list, tuple) or hint in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return "must be a list"
-        inner = args[0] if args and (origin is list or args[-1] is Ellipsis) else None
-        for item in value if inner is not None else ():
-            if why := type_problem(item, inner):
+        if origin is tuple and args and args[-1] is not Ellipsis:  # fixed-length tuple
+            if len(value) != len(args):
+                return f"must be a list of {len(args)} items"
+            whys = [type_problem(v, a) for v, a in zip(value, args)]
+            return next((f"every item {w}" for w in whys if w), None)
+        for item in value if args else ():
+            if why := type_problem(item, args[0]):
                 return f"every item {why}"
         return None
     if origin is dict or hint is dict or origin is Mapping:
@@ -100,12 +104,17 @@ def signature_params(fn: Callable) -> dict[str, inspect.Parameter]:
     """The keyword parameters of a class constructor or function, ``self`` and ``**kw`` excluded."""
     target = fn.__init__ if inspect.isclass(fn) else fn
     sig = inspect.signature(target)
-    hints = typing.get_type_hints(target, include_extras=True)
+    # A dataclass's generated __init__ carries string annotations; resolve them on the class.
+    hints = typing.get_type_hints(fn if dataclasses.is_dataclass(fn) else target, include_extras=True)
+    factories = {f.name: f.default_factory for f in dataclasses.fields(fn)} if dataclasses.is_dataclass(fn) else {}
     out = {}
     for p in sig.parameters.values():
         if p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
-        out[p.name] = p.replace(annotation=hints.get(p.name, p.annotation))
+        default = (
+            factories[p.name]() if factories.get(p.name, dataclasses.MISSING) is not dataclasses.MISSING else p.default
+        )
+        out[p.name] = p.replace(annotation=hints.get(p.name, p.annotation), default=default)
     return out
 
 
@@ -155,6 +164,8 @@ class Component:
     """Mixin of every slot base class: the two validation hooks a component may override."""
 
     registry_name: str = ""
+    #: The method's source, shown by ``xfam list`` and the README table (e.g. "Press et al., 2022").
+    paper: str = ""
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:

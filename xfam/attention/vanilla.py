@@ -61,6 +61,8 @@ class Vanilla(AttentionMechanism):
         dropout: dropout on the attention probabilities (training only).
     """
 
+    paper = "Vaswani et al., 2017, arXiv:1706.03762"
+
     hosts_modifiers = True
     backends = ("sdpa", "torch")
 

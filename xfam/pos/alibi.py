@@ -56,13 +56,15 @@ class AlibiBias(ScoreBias):
 
 @POS.register("alibi")
 class Alibi(PositionalEncoding):
-    """ALiBi linear distance bias (Press et al., 2022); no position is added to the input.
+    """Linear distance bias -m_h |i - j| on each head's scores; nothing is added to the input.
 
     Args:
         heads: number of query heads (injected).
         num_heads: apply the bias to the first ``num_heads`` heads only (the others see no
             position bias, as in x-transformers' ``alibi_num_heads``); null for all heads.
     """
+
+    paper = "Press, Smith & Lewis, ICLR 2022, arXiv:2108.12409"
 
     kind = "bias"
     relative = True

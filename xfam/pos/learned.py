@@ -12,12 +12,14 @@ from xfam.pos.base import POS, PositionalEncoding
 
 @POS.register("learned")
 class Learned(PositionalEncoding):
-    """A ``[max_len, dim]`` embedding table (init N(0, 0.02)), added to the token embeddings.
+    """A learned table of ``max_len`` position vectors added to the token embeddings (init N(0, 0.02)).
 
     Args:
         dim: model width (injected).
         max_len: number of positions in the table (injected from ``model.max_len``).
     """
+
+    paper = "Gehring et al., 2017, arXiv:1705.03122"
 
     kind = "input"
     bounded = True

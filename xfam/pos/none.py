@@ -10,6 +10,8 @@ from xfam.pos.base import POS, PositionalEncoding
 class NoPos(PositionalEncoding):
     """Adds nothing; every hook is the identity."""
 
+    paper = "Haviv et al., 2022, arXiv:2203.16634 (NoPos LMs)"
+
     kind = "none"
     relative = True
 

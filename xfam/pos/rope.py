@@ -32,6 +32,8 @@ class Rope(PositionalEncoding):
         base: theta base (10000 in the paper).
     """
 
+    paper = "Su et al., 2021, RoFormer, arXiv:2104.09864"
+
     kind = "rotary"
     relative = True
 

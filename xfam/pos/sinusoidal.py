@@ -38,6 +38,8 @@ class Sinusoidal(PositionalEncoding):
         scale: multiplier on the table; null means 1/sqrt(dim) (see the module docstring).
     """
 
+    paper = "Vaswani et al., 2017, arXiv:1706.03762"
+
     kind = "input"
 
     def __init__(self, *, dim: int, base: Annotated[float, Positive] = 10000.0, scale: float | None = None):

@@ -1,0 +1,192 @@
+"""Glue between Hydra and xfam: resolvers, the pre-launch check, and the task function.
+
+``precheck(argv)`` runs before Hydra: it composes every job a command line would launch (each
+combination of a sweep, up to a limit) and validates each with xfam, so an unknown option, an
+unknown key or an incompatible combination is reported in one clear message before any job
+starts or any directory is created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from xfam.errors import ConfigError, close_matches, unknown_choice
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+MAX_PRECHECK_JOBS = 256
+log = logging.getLogger("xfam")
+
+
+def dirname(overrides: str) -> str:
+    """A run directory name from Hydra's override_dirname: safe characters, bounded length."""
+    name = overrides.replace("/", "_").replace(" ", "") or "default"
+    if len(name) > 120:
+        name = name[:80] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
+    return name
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("xfam_dirname"):
+        OmegaConf.register_new_resolver("xfam_dirname", dirname)
+
+
+def config_groups() -> dict[str, list[str]]:
+    """xfam's config groups and their options (from configs/)."""
+    return {
+        d.name: sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(CONFIG_DIR.iterdir())
+        if d.is_dir() and d.name != "hydra"
+    }
+
+
+def _job_overrides(args: list[str]) -> list[list[str]] | None:
+    """Every job's override list (sweeps expanded); None when a sweep cannot be enumerated."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides=args)
+    choices = []
+    for ov in parsed:
+        if ov.key_or_group.startswith("hydra"):
+            continue
+        if ov.is_sweep_override():
+            if ov.is_interval_sweep():
+                return None
+            values = list(ov.sweep_string_iterator())
+            choices.append([f"{ov.get_key_element()}={v}" for v in values])
+        else:
+            choices.append([ov.input_line])
+    jobs = [list(c) for c in itertools.islice(itertools.product(*choices), MAX_PRECHECK_JOBS + 1)]
+    return jobs[:MAX_PRECHECK_JOBS]
+
+
+def _group_problems(args: list[str]) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = config_groups()
+    problems = []
+    for ov in OverridesParser.create().parse_overrides(overrides=args):
+        group = ov.key_or_group.lstrip("+~")
+        if group not in groups or ov.is_interval_sweep():
+            continue
+        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
+        for v in values:
+            if isinstance(v, str) and v not in groups[group] and v != "null":
+                problems.append(unknown_choice(group, v, groups[group], f"pass {group}=<one of the valid choices>."))
+    return problems
+
+
+def _compose_problem(err: Exception, cfg_keys: dict[str, list[str]]) -> str:
+    msg = str(err).strip().splitlines()[0]
+    for line in str(err).splitlines():
+        if "Key '" in line and "is not in struct" in line:
+            key = line.split("Key '")[1].split("'")[0]
+            full = next((w for w in str(err).split() if w.startswith("'") and "." in w), "")
+            section = full.strip("'").split(".")[0] if full else ""
+            valid = cfg_keys.get(section, [])
+            near = close_matches(key, valid)
+            hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+            return (
+                f"{section or 'config'}: unknown key {key!r}.{hint} Valid keys: {', '.join(valid)}. "
+                f"Fix: use a valid key (or +{section}.{key}=... to add one on purpose)."
+            )
+    return f"{msg}. Fix: check the override's spelling against `python train.py --help`."
+
+
+def precheck(args: list[str]) -> None:
+    """Validate every job of a command line (overrides in ``args``); raises ConfigError."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from xfam.config import validate
+
+    overrides = [a for a in args if not a.startswith("-")]
+    problems = _group_problems(overrides)
+    if problems:
+        raise ConfigError(problems)
+    jobs = _job_overrides(overrides)
+    if jobs is None:  # a sweeper's search space (intervals): check the base config only
+        jobs = [[o for o in overrides if "(" not in o]]
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            base = OmegaConf.to_container(compose("train"), resolve=False)
+            keys = {k: list(v) for k, v in base.items() if isinstance(v, dict)}
+            for job in jobs:
+                try:
+                    cfg = compose("train", overrides=job)
+                except Exception as err:  # Hydra's composition errors: unknown key, bad value
+                    problems.append(_compose_problem(err, keys))
+                    continue
+                try:
+                    validate(OmegaConf.to_container(cfg, resolve=True))
+                except ConfigError as err:
+                    label = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
+                    problems += [label + p for p in err.problems]
+    finally:
+        GlobalHydra.instance().clear()
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+
+
+def report(err: ConfigError, debug: bool) -> None:
+    """Print a configuration error the way the command line shows it, then exit 2."""
+    if debug:
+        raise err
+    print(f"xfam: error: {err}", file=sys.stderr)
+    print("(run with debug=true or XFAM_DEBUG=1 for a traceback)", file=sys.stderr)
+    sys.exit(2)
+
+
+def debug_requested(args: list[str]) -> bool:
+    return os.environ.get("XFAM_DEBUG") == "1" or any(a in ("debug=true", "debug=True") for a in args)
+
+
+def run_job(cfg: DictConfig) -> Any:
+    """Hydra's task function body: one job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from xfam.runner import train
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        metrics = train(plain, run_dir)
+    except ConfigError as err:
+        report(err, plain.get("debug", False) or os.environ.get("XFAM_DEBUG") == "1")
+    metric = plain.get("optimized_metric")
+    if metric:
+        if metric not in metrics:
+            report(
+                ConfigError(
+                    f"optimized_metric={metric!r} is not among the final metrics {sorted(metrics)}."
+                    f" Fix: choose one of them."
+                ),
+                False,
+            )
+        return metrics[metric]
+    return None
+
+
+def main(task: Any) -> None:
+    """Entry point of train.py: pre-launch check, then Hydra."""
+    args = sys.argv[1:]
+    register_resolvers()
+    if not any(
+        a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion")
+        or a.startswith(("--cfg", "--info"))
+        for a in args
+    ):
+        try:
+            precheck(args)
+        except ConfigError as err:
+            report(err, debug_requested(args))
+    task()

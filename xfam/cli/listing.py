@@ -1,0 +1,71 @@
+"""``xfam list``: every slot and component, read from the registries (nothing is hand-maintained)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xfam import compat
+from xfam.config import SLOTS
+from xfam.data.base import DATA
+from xfam.registry import Registry, defaults_of
+
+
+def capabilities(registry: Registry) -> list[str]:
+    """The capability flags a slot's base class declares (its ClassVar attributes)."""
+    return [k for k, v in registry.base.__annotations__.items() if "ClassVar" in str(v) and not k.startswith("_")]
+
+
+def summary(cls: type) -> str:
+    """One line: the first sentence of the class docstring, and its paper."""
+    doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    line = " ".join(doc.split()).rstrip(".")
+    return f"{line} ({cls.paper})" if getattr(cls, "paper", "") else line
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if value is not None else "null"
+    if isinstance(value, (frozenset, set, tuple, list)):
+        return "[" + ", ".join(map(str, sorted(value) if isinstance(value, (set, frozenset)) else value)) + "]"
+    return str(value)
+
+
+def _rows() -> list[tuple[str, str, type, Registry]]:
+    return [(slot, name, cls, reg) for slot, reg in {**SLOTS, "data": DATA}.items() for name, cls in reg.items()]
+
+
+def listing() -> str:
+    lines = []
+    for slot, reg in {**SLOTS, "data": DATA}.items():
+        lines.append(f"== {slot} ({len(reg.names())}) ==")
+        caps = capabilities(reg)
+        for name, cls in reg.items():
+            lines.append(f"  {name:<12} {summary(cls)}")
+            params = defaults_of(cls)
+            if params:
+                lines.append("      params: " + ", ".join(f"{k}={_fmt(v)}" for k, v in params.items()))
+            if caps:
+                lines.append("      capabilities: " + ", ".join(f"{c}={_fmt(getattr(cls, c))}" for c in caps))
+        lines.append("")
+    lines.append("== attention x pos ==")
+    table = compat.matrix()
+    atts = sorted({a for a, _ in table})
+    poss = sorted({p for _, p in table})
+    width = max(map(len, poss)) + 2
+    lines.append(" " * 14 + "".join(p.ljust(width) for p in poss))
+    for a in atts:
+        lines.append(a.ljust(14) + "".join(("yes" if table[a, p] is None else "NO").ljust(width) for p in poss))
+    reasons = sorted({r for r in table.values() if r})
+    lines += [f"  NO: {r}" for r in reasons]
+    lines.append("\nMemory components need relative positions and loader.streams=true unless they say otherwise;")
+    lines.append("`python train.py ...` checks the whole selection before it starts and names alternatives.")
+    return "\n".join(lines)
+
+
+def markdown_table() -> str:
+    """The README's slot table."""
+    out = ["| slot | component | method | parameters (defaults) |", "|---|---|---|---|"]
+    for slot, name, cls, _ in _rows():
+        params = ", ".join(f"`{k}={_fmt(v)}`" for k, v in defaults_of(cls).items()) or "—"
+        out.append(f"| {slot} | `{name}` | {summary(cls)} | {params} |")
+    return "\n".join(out)

@@ -1,0 +1,83 @@
+"""The ``xfam`` command: list components, evaluate and sample from checkpoints.
+
+    xfam list [--markdown]                 every slot, component, parameter and capability
+    xfam eval ckpt=PATH [split=test]       metrics of a checkpoint on a split of its data
+    xfam generate ckpt=PATH prompt="def "  sampling with a KV cache
+
+Options are given as ``key=value`` (like train.py) or ``--key value``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from xfam.errors import ConfigError
+
+
+def _kv_args(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """Turn ``key=value`` words into ``--key=value`` for the parser's known options."""
+    known = {a.dest for a in parser._actions}
+    out = []
+    for word in argv:
+        key, eq, _ = word.partition("=")
+        out.append(f"--{word}" if eq and not word.startswith("-") and key in known else word)
+    return out
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(
+        prog="xfam", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,eval,generate}")
+
+    p = sub.add_parser("list", help="components, their parameters and capabilities, compatibility")
+    p.add_argument("--markdown", action="store_true", help="print the README's slot table instead")
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint on a split of its data")
+    p.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt)")
+    p.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    p.add_argument("--batch_size", type=int, default=None, help="default: the run's data.batch_size")
+    p.add_argument("--limit", type=int, default=None, help="evaluate at most this many batches")
+    p.add_argument("--device", default="cpu")
+
+    p = sub.add_parser("generate", help="sample text from a language-model checkpoint")
+    p.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt)")
+    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--max_new_tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--num_samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check", action="store_true", help="also verify cached logits against a full recompute")
+    p.add_argument("--device", default="cpu")
+    return parser, dict(sub.choices)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser, subparsers = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in subparsers:
+        argv = argv[:1] + _kv_args(argv[1:], subparsers[argv[0]])
+    args = parser.parse_args(argv)
+    debug = os.environ.get("XFAM_DEBUG") == "1"
+    try:
+        if args.command == "list":
+            from xfam.cli.listing import listing, markdown_table
+
+            print(markdown_table() if args.markdown else listing())
+        elif args.command == "eval":
+            from xfam.cli.evaluate import evaluate
+
+            evaluate(args.ckpt, args.split, args.batch_size, args.limit, args.device)
+        else:
+            from xfam.cli.sample import sample
+
+            sample(args)
+    except ConfigError as err:
+        if debug:
+            raise
+        print(f"xfam: error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,164 @@
+"""Validation of a whole composed configuration, before any tensor is allocated or file written.
+
+``validate(cfg)`` collects every problem in every section (unknown names and keys, wrong types,
+impossible values, incompatible slot combinations) and raises one ``ConfigError`` listing them
+all, each with the fix. It reads signatures and class attributes only: no data, no model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import xfam.attention
+import xfam.data
+import xfam.exit
+import xfam.memory
+import xfam.pos  # noqa: F401  (registers every component)
+from xfam import compat
+from xfam.attention.base import ATTENTION
+from xfam.data.base import DATA
+from xfam.errors import ConfigError, close_matches, unknown_choice
+from xfam.exit.base import EXIT
+from xfam.memory.base import MEMORY
+from xfam.model.spec import ModelSpec
+from xfam.pos.base import POS
+from xfam.registry import check_params
+from xfam.schedule import per_head, per_layer
+from xfam.specs import CallbacksSpec, LoaderSpec, LoggerSpec, OptimSpec, RunSpec
+
+SLOTS = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}
+SECTIONS = ("model", "attention", "pos", "memory", "exit", "data", "loader", "optim", "trainer", "logger", "callbacks")
+#: Trainer arguments xfam sets itself (from the logger/callbacks groups and the run directory).
+TRAINER_OWNED = (
+    "logger",
+    "callbacks",
+    "plugins",
+    "default_root_dir",
+    "use_distributed_sampler",
+    "enable_checkpointing",
+)
+
+
+def _trainer_params() -> list[str]:
+    import lightning
+
+    names = [p for p in inspect.signature(lightning.Trainer.__init__).parameters if p != "self"]
+    return [n for n in names if n not in TRAINER_OWNED]
+
+
+def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
+    valid = _trainer_params()
+    out = []
+    for key in trainer:
+        if key in TRAINER_OWNED:
+            out.append(f"trainer.{key}: set by xfam from the logger/callbacks groups. Fix: remove it from trainer.")
+        elif key not in valid:
+            near = close_matches(key, valid)
+            hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+            out.append(f"trainer: unknown key {key!r}.{hint} Valid keys: {', '.join(valid)}. Fix: remove or rename it.")
+    if trainer.get("accelerator") == "cpu" and str(trainer.get("precision", "32")).startswith("16"):
+        out.append(
+            f"trainer.precision={trainer['precision']!r} needs a GPU (fp16 autocast is not supported on CPU). "
+            f"Fix: trainer.precision=32-true or bf16-mixed (slow on CPUs without bf16 units)."
+        )
+    return out
+
+
+def _slot_problems(cfg: Mapping[str, Any], spec: ModelSpec, causal: bool) -> tuple[list[str], compat.Selection | None]:
+    """Problems of the four slot sections, and the selection when they are individually valid."""
+    problems: list[str] = []
+    ctx = spec.structural(causal)
+    attention: list[tuple[type, dict, bool]] = []
+    memory: list[tuple[type, dict]] = []
+    for slot in ("pos", "exit"):
+        bad = [k for k in ("per_layer", "per_head") if k in cfg[slot]]
+        problems += [f"{slot}.{k}: {slot} is one component for the whole model. Fix: remove {slot}.{k}." for k in bad]
+    try:
+        for i, layer_cfg in enumerate(per_layer(cfg["attention"], spec.layers, "attention")):
+            groups = per_head(layer_cfg, spec.heads, spec.n_kv_heads, "attention")
+            for n, g in groups:
+                where = f"attention (layer {i})" if "per_layer" in cfg["attention"] else "attention"
+                gctx = {**ctx, "heads": n, "kv_heads": n // (spec.heads // spec.n_kv_heads), "layer": i}
+                problems += ATTENTION.check(g, gctx, where)
+                if g.get("name") in ATTENTION:
+                    attention.append((ATTENTION.get(g["name"]), g, len(groups) > 1))
+        if "per_head" in cfg["memory"]:
+            problems.append("memory.per_head: memory is per layer, not per head. Fix: remove memory.per_head.")
+        for i, mcfg in enumerate(per_layer(cfg["memory"], spec.layers, "memory")):
+            problems += MEMORY.check(mcfg, {**ctx, "layer": i}, "memory")
+            if mcfg.get("name") in MEMORY:
+                memory.append((MEMORY.get(mcfg["name"]), mcfg))
+    except ConfigError as err:
+        problems += err.problems
+    problems += POS.check(cfg["pos"], ctx)
+    problems += EXIT.check(cfg["exit"], ctx)
+    if problems:
+        return list(dict.fromkeys(problems)), None
+    sel = compat.Selection(
+        attention=list({id(p): (c, p, h) for c, p, h in attention}.values()),
+        pos=(POS.get(cfg["pos"]["name"]), cfg["pos"]),
+        memory=memory,
+        exit=(EXIT.get(cfg["exit"]["name"]), cfg["exit"]),
+        causal=causal,
+        streams=bool(cfg["loader"].get("streams", False)),
+    )
+    return [], sel
+
+
+def validate(cfg: Mapping[str, Any]) -> None:
+    """Raise one ``ConfigError`` with every problem in ``cfg`` (a plain, resolved config dict)."""
+    problems: list[str] = []
+    missing = [s for s in SECTIONS if not isinstance(cfg.get(s), Mapping)]
+    if missing:
+        raise ConfigError(f"config sections missing or not mappings: {missing}. Fix: compose from configs/train.yaml.")
+    top = {k: v for k, v in cfg.items() if k not in SECTIONS}
+    problems += check_params(RunSpec, top, "config", structural=())
+    problems += check_params(LoaderSpec, cfg["loader"], "loader", structural=())
+    problems += check_params(OptimSpec, cfg["optim"], "optim", structural=())
+    problems += check_params(LoggerSpec, cfg["logger"], "logger", structural=())
+    problems += check_params(CallbacksSpec, cfg["callbacks"], "callbacks", structural=())
+    problems += check_trainer(cfg["trainer"])
+    if (ckpt := cfg.get("ckpt_path")) not in (None, "auto") and not _exists(ckpt):
+        problems.append(f"ckpt_path={ckpt!r}: no such file. Fix: give an existing checkpoint, or ckpt_path=auto.")
+    if cfg["data"].get("name") not in DATA:
+        problems.append(unknown_choice("data", cfg["data"].get("name"), DATA.names(), "pass data=<one of them>."))
+        data_cls = None
+    else:
+        problems += DATA.check(cfg["data"], {})
+        data_cls = DATA.get(cfg["data"]["name"])
+    model_problems = check_params(ModelSpec, cfg["model"], "model", structural=())
+    problems += model_problems
+    if model_problems:
+        raise ConfigError(problems)
+    spec = ModelSpec(**cfg["model"])
+    problems += spec.problems()
+    if spec.problems():
+        raise ConfigError(problems)
+    task = data_cls.task if data_cls else "lm"
+    causal = spec.causal if spec.causal is not None else task == "lm"
+    slot_problems, sel = _slot_problems(cfg, spec, causal)
+    problems += slot_problems
+    if sel is not None:
+        problems += compat.check(sel)
+        seq_len = cfg["data"].get("seq_len")
+        if sel.pos[0].bounded and isinstance(seq_len, int) and seq_len > spec.max_len:
+            problems.append(
+                f"data.seq_len={seq_len} is longer than the learned position table (model.max_len={spec.max_len}). "
+                f"Fix: model.max_len={seq_len} or more, a shorter data.seq_len, or a pos that extrapolates "
+                f"(pos=rope, pos=alibi)."
+            )
+        if cfg["loader"].get("streams") and data_cls is not None and not data_cls.contiguous:
+            problems.append(
+                f"loader.streams=true needs a contiguous source (consecutive rows of one token stream); "
+                f"data={cfg['data']['name']} is not. Fix: loader.streams=false or data=text/hf."
+            )
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+
+
+def _exists(path: str) -> bool:
+    import os
+
+    return os.path.isfile(path)

@@ -1,0 +1,93 @@
+"""The LightningDataModule around a data source: resumable training order, rank sharding.
+
+Lightning's automatic distributed sampler is turned off (``use_distributed_sampler=False``):
+xfam shards rows itself so that the training position inside an epoch can be checkpointed and
+restored exactly (see ``xfam.data.sampler``). Each DataLoader has its own torch.Generator, so
+creating an iterator never draws from the global RNG that dropout uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from xfam.data.base import DataSource, Split
+from xfam.data.sampler import ResumableBatchSampler
+
+
+def _dist() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class XfamDataModule(L.LightningDataModule):
+    """Serves a prepared ``DataSource``'s splits as batches (see ``xfam.data.base`` for their form)."""
+
+    def __init__(self, source: DataSource, *, seed: int, streams: bool = False, num_workers: int = 0):
+        super().__init__()
+        self.source, self.seed, self.streams, self.num_workers = source, seed, streams, num_workers
+        self.train_sampler: ResumableBatchSampler | None = None
+        self._resume_batches = 0
+
+    def prepare_data(self) -> None:
+        self.source.prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        self.source.prepare()  # cached: cheap after prepare_data, and needed in spawned ranks
+
+    def resume_at(self, batches: int) -> None:
+        """Skip ``batches`` batches of the next training epoch (restored from a checkpoint)."""
+        self._resume_batches = batches
+        if self.train_sampler is not None:
+            self.train_sampler.skip(batches)
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = _dist()
+        rows = self.source.split("train")
+        self.train_sampler = ResumableBatchSampler(
+            len(rows),
+            self.source.batch_size,
+            seed=self.seed,
+            rank=rank,
+            world_size=world,
+            shuffle=not self.streams,
+            streams=self.streams,
+        )
+        if len(self.train_sampler) == 0:
+            from xfam.errors import ConfigError
+
+            raise ConfigError(
+                f"data={self.source.registry_name}: the train split has {len(rows)} rows, fewer than one batch of "
+                f"{self.source.batch_size} x {world} ranks. Fix: a smaller data.batch_size or more data."
+            )
+        self.train_sampler.skip(self._resume_batches)
+        self._resume_batches = 0
+        return self._loader(rows, self.train_sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("validation")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+    def _eval_loader(self, split: Split) -> DataLoader:
+        rank, world = _dist()
+        rows = self.source.split(split)
+        mine = list(range(rank, len(rows), world))  # round-robin shard; every row counted once
+        bs = self.source.batch_size
+        batches = [mine[i : i + bs] for i in range(0, len(mine), bs)]
+        return self._loader(rows, batches)
+
+    def _loader(self, rows: Any, batch_sampler: Any) -> DataLoader:
+        return DataLoader(
+            rows,
+            batch_sampler=batch_sampler,
+            collate_fn=self.source.collate,
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(self.seed),
+            persistent_workers=self.num_workers > 0,
+        )

@@ -1,0 +1,85 @@
+"""A batch sampler whose position inside an epoch can be saved and restored exactly.
+
+PyTorch's samplers draw their order from the global RNG and cannot skip ahead, so a run resumed
+from a mid-epoch checkpoint would see different batches than an uninterrupted one. This sampler
+derives each epoch's order from ``(seed, epoch)`` alone, shards batches over ranks itself, and
+skips the batches a checkpoint says were already consumed.
+
+Two layouts:
+
+* shuffled (default): a permutation of all rows per epoch; global batch t is rows
+  ``perm[t*B*W : (t+1)*B*W]``, rank r takes its ``B`` rows of it.
+* contiguous streams (``streams=True``, for the memory slot): the rows (consecutive chunks of one
+  token stream) are cut into ``B*W`` streams; row i of batch t+1 continues row i of batch t.
+  The order is the same in every epoch, because a stream must stay in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class ResumableBatchSampler(Sampler[list[int]]):
+    """Yields lists of row indices for one rank; ``len`` is the full epoch on every rank."""
+
+    def __init__(
+        self,
+        num_rows: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        streams: bool = False,
+        drop_last: bool = True,
+    ):
+        self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.shuffle, self.streams, self.drop_last = shuffle, streams, drop_last
+        self.epoch = 0
+        self._skip = 0
+        global_batch = batch_size * world_size
+        if streams:
+            self.stream_len = num_rows // global_batch
+            self._len = self.stream_len
+        else:
+            self._len = num_rows // global_batch if drop_last else -(-num_rows // global_batch)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning at the start of every epoch."""
+        self.epoch = epoch
+
+    def skip(self, batches: int) -> None:
+        """Skip the first ``batches`` batches of the next iteration (a resumed epoch)."""
+        self._skip = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, self._skip = self._skip, 0
+        for t in range(start, self._len):
+            yield self._batch(t)
+
+    def _batch(self, t: int) -> list[int]:
+        b, r = self.batch_size, self.rank
+        if self.streams:
+            streams = range(r * b, (r + 1) * b)  # this rank's streams
+            return [s * self.stream_len + t for s in streams]
+        order = self._order()
+        global_rows = order[t * b * self.world_size : (t + 1) * b * self.world_size]
+        return global_rows[r * b : (r + 1) * b].tolist()
+
+    def _order(self) -> torch.Tensor:
+        if getattr(self, "_order_epoch", None) != self.epoch:
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+                self._order_cache = torch.randperm(self.num_rows, generator=g)
+            else:
+                self._order_cache = torch.arange(self.num_rows)
+            self._order_epoch = self.epoch
+        return self._order_cache

@@ -1,0 +1,62 @@
+"""Autoregressive sampling with the model's incremental decode state (KV cache or whatever each
+mechanism keeps), with temperature, top-k and nucleus (top-p, Holtzman et al., 2020) filtering."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from xfam.errors import ConfigError
+from xfam.model.transformer import XfamModel
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set to -inf every logit outside the top-k and outside the smallest set of mass >= top_p."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(-1) - probs > top_p  # mass before this token already reaches top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(
+    model: XfamModel,
+    prompt: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    stop_token: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Continue ``prompt [B, T]``; returns tokens ``[B, T + n]`` and the logits used ``[B, n, V]``.
+
+    The prompt is processed in one call, then each new token in one incremental call.
+    """
+    if model.task != "lm":
+        raise ConfigError("generate needs a language model; this checkpoint is a classifier. Fix: use `xfam eval`.")
+    if prompt.shape[1] == 0:
+        raise ConfigError("generate needs a prompt of at least one token. Fix: pass prompt=<text>.")
+    model.eval()
+    out = model(prompt, cache=model.empty_cache())
+    tokens, used = prompt, []
+    logits = out.logits[:, -1]
+    for _ in range(max_new_tokens):
+        used.append(logits)
+        if temperature == 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        else:
+            probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
+        tokens = torch.cat((tokens, nxt), dim=1)
+        if stop_token is not None and bool((nxt == stop_token).all()):
+            break
+        out = model(nxt, cache=out.cache)
+        logits = out.logits[:, -1]
+    return tokens, torch.stack(used, dim=1)

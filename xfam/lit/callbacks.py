@@ -1,0 +1,95 @@
+"""Callbacks xfam adds to every run: throughput and the loss-curve plot."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+
+class Throughput(L.Callback):
+    """Logs training tokens per second (all ranks together) and keeps the run's median."""
+
+    def __init__(self, warmup_steps: int = 3):
+        self.warmup_steps = warmup_steps
+        self.rates: list[float] = []
+        self._t0 = 0.0
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        dt = time.perf_counter() - self._t0
+        rate = batch["input_ids"].numel() * trainer.world_size / max(dt, 1e-9)
+        module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
+        if batch_idx >= self.warmup_steps:
+            self.rates.append(rate)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.rates) if self.rates else None
+
+
+class LossCurve(L.Callback):
+    """Records train and validation loss by step (kept in checkpoints, so a resumed run's plot is
+    whole) and writes ``loss_curve.png`` when training ends."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.train: list[tuple[int, float]] = []
+        self.val: list[tuple[int, float]] = []
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = trainer.callback_metrics.get("train/loss")
+        if loss is not None:
+            self.train.append((trainer.global_step, float(loss)))
+
+    def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        loss = trainer.callback_metrics.get("val/loss")
+        if loss is not None and not trainer.sanity_checking:
+            self.val.append((trainer.global_step, float(loss)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train": self.train, "val": self.val}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.train, self.val = list(state["train"]), list(state["val"])
+
+    @rank_zero_only
+    def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.train:
+            plot_losses(self.train, self.val, self.path)
+
+
+def plot_losses(train: list[tuple[int, float]], val: list[tuple[int, float]], path: Path) -> None:
+    """Train loss (raw and smoothed) and validation loss against optimizer steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, losses = zip(*train)
+    k = max(1, len(losses) // 50)
+    smooth = [statistics.fmean(losses[max(0, i - k) : i + 1]) for i in range(len(losses))]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, losses, color="tab:blue", alpha=0.25, lw=0.8, label="train (per step)")
+    ax.plot(steps, smooth, color="tab:blue", lw=1.5, label=f"train (mean of {k})")
+    if val:
+        vs, vl = zip(*val)
+        ax.plot(vs, vl, "o-", color="tab:orange", label="validation")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats per target)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

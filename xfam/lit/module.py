@@ -1,0 +1,183 @@
+"""The Lightning module: losses and metrics, auxiliary losses, memory across batches, exact resume.
+
+It takes a plain resolved config (no Hydra objects), so a checkpoint loads anywhere. Metrics:
+
+* lm: loss (mean NLL per target token), perplexity, bits per byte = summed NLL / (ln 2 * bytes
+  the targets stand for), next-token accuracy;
+* classify: loss, accuracy.
+
+Exact resume (ENVIRONMENT.md): the checkpoint stores the number of batches consumed in the current
+epoch (the resumable sampler skips them) and every rank's RNG states, restored just before the
+first training batch after the restart, when the DataLoader iterator already exists.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from xfam.build import build_model
+from xfam.lit.checkpoint import metadata
+from xfam.lit.optim import make_optimizer
+from xfam.metrics import batch_stats, summarize
+from xfam.model.transformer import ModelOutput
+from xfam.specs import OptimSpec
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from, in types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class XfamLitModule(L.LightningModule):
+    """Trains an ``XfamModel`` built from ``config`` for data described by ``data_info``."""
+
+    def __init__(self, config: dict[str, Any], data_info: dict[str, Any]):
+        super().__init__()
+        self.save_hyperparameters()
+        self.config, self.data_info = config, data_info
+        self.task = data_info["task"]
+        self.model = build_model(config, data_info)
+        self.uses_memory = any(m.registry_name != "none" for m in self.model.memories)
+        tb = data_info.get("token_bytes")
+        self.register_buffer("token_bytes", torch.tensor(tb if tb else [], dtype=torch.float32), persistent=False)
+        self._memory: list[Any] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._sums: dict[str, Tensor] = {}
+
+    # -- steps -----------------------------------------------------------------------------------
+    def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None) -> ModelOutput:
+        return self.model(
+            batch["input_ids"], key_padding=batch.get("key_padding"), segments=batch.get("segments"), memory=memory
+        )
+
+    def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return batch_stats(self.task, out.logits, batch, self.token_bytes)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        if self.uses_memory and self._memory is None:
+            self._memory = self.model.init_memory(batch["input_ids"].shape[0], self.device)
+        out = self(batch, memory=self._memory if self.uses_memory else None)
+        if self.uses_memory:
+            self._memory = out.memory  # detached by each memory's write()
+        stats = self._stats(out, batch)
+        loss = stats["nll"] / stats["count"].clamp_min(1)
+        self.log("train/loss", loss, prog_bar=True)
+        total = loss
+        for name, value in out.aux.items():
+            self.log(f"train/{name}", value)
+            total = total + value
+        if out.depth is not None:
+            self.log("train/depth", out.depth.float().mean())
+        self.log("global_step", float(self.global_step), logger=False)
+        return total
+
+    def on_train_epoch_start(self) -> None:
+        self._memory = None  # a new epoch restarts the streams
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._accumulate(self(batch), batch)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._accumulate(self(batch), batch)
+
+    def _accumulate(self, out: ModelOutput, batch: dict[str, Tensor]) -> None:
+        for k, v in self._stats(out, batch).items():
+            self._sums[k] = self._sums.get(k, 0) + v.detach().double()
+        for k, v in out.aux.items():
+            self._sums[f"aux/{k}"] = self._sums.get(f"aux/{k}", 0) + v.detach().double()
+        self._sums["batches"] = self._sums.get("batches", 0) + 1
+
+    def on_validation_epoch_start(self) -> None:
+        self._sums = {}
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, prefix: str) -> None:
+        if not self._sums:
+            return
+        sums = {
+            k: self.trainer.strategy.reduce(torch.as_tensor(v, device=self.device), reduce_op="sum")
+            for k, v in sorted(self._sums.items())
+        }
+        metrics = summarize(sums, self.task, prefix)
+        self.log_dict({k: v.float() for k, v in metrics.items()}, prog_bar=prefix == "val", sync_dist=False)
+        self._sums = {}
+
+    # -- optimisation ----------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict:
+        spec = OptimSpec(**self.config["optim"])
+        return make_optimizer(self.model, spec, int(self.trainer.estimated_stepping_batches))
+
+    # -- exact resume ----------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["xfam"] = metadata(self.config, self.data_info)
+        mine = {"rng": rng_state(), "memory": _to_cpu(self._memory)}
+        ranks = [mine]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, mine)
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        checkpoint["xfam_resume"] = {"batches_in_epoch": progress.processed, "ranks": ranks}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        resume = checkpoint.get("xfam_resume")
+        if resume is None or self._trainer is None:
+            return
+        ranks = resume["ranks"]
+        self._resume = ranks[self.global_rank] if self.global_rank < len(ranks) else ranks[0]
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "resume_at"):
+            datamodule.resume_at(resume["batches_in_epoch"])
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._resume is not None:
+            set_rng_state(self._resume["rng"])
+            memory = self._resume["memory"]
+            self._memory = None if memory is None else _to_device(memory, self.device)
+            self._resume = None
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    return x
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_device(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x

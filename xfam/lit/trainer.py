@@ -1,0 +1,113 @@
+"""Assembles the Lightning Trainer of a run: loggers, checkpoints, progress bar, plugins."""
+
+from __future__ import annotations
+
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch import callbacks as cb
+from lightning.pytorch import loggers
+
+from xfam.lit.callbacks import LossCurve, Throughput
+from xfam.lit.checkpoint import AtomicCheckpointIO
+from xfam.logs import log, quiet_lightning
+from xfam.specs import CallbacksSpec, LoggerSpec
+
+
+def wandb_mode(spec: LoggerSpec) -> tuple[str, str]:
+    """The wandb mode to use and why (``auto``: online only with credentials)."""
+    if spec.mode != "auto":
+        return spec.mode, "set by logger.mode"
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"], "set by WANDB_MODE"
+    if os.environ.get("WANDB_API_KEY"):
+        return "online", "WANDB_API_KEY is set"
+    try:
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online", "credentials found in ~/.netrc"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline", "no wandb credentials (WANDB_API_KEY or ~/.netrc); sync later with `wandb sync`"
+
+
+def make_loggers(spec: LoggerSpec, run_dir: Path, name: str) -> list[Any]:
+    out: list[Any] = [loggers.CSVLogger(save_dir=str(run_dir), name="logs")]
+    if spec.name == "tensorboard":
+        out.append(loggers.TensorBoardLogger(save_dir=str(run_dir), name="tensorboard"))
+    elif spec.name == "wandb":
+        mode, why = wandb_mode(spec)
+        log.info("wandb: mode %s (%s)", mode, why)
+        id_file = run_dir / "wandb_id.txt"  # a resumed run continues the same wandb run
+        if not id_file.exists():
+            import wandb
+
+            id_file.write_text(wandb.util.generate_id())
+        out.append(
+            loggers.WandbLogger(
+                project=spec.project,
+                entity=spec.entity,
+                tags=list(spec.tags),
+                name=name,
+                save_dir=str(run_dir),
+                id=id_file.read_text().strip(),
+                resume="allow",
+                mode=mode,
+            )
+        )
+    return out
+
+
+def make_callbacks(spec: CallbacksSpec, run_dir: Path) -> list[L.Callback]:
+    ckpt_dir = run_dir / "checkpoints"
+    periodic = cb.ModelCheckpoint(
+        dirpath=ckpt_dir,
+        filename="step-{step:07d}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=spec.every_n_steps,
+        save_top_k=spec.keep_last,
+        monitor=None if spec.keep_last == -1 else "global_step",
+        mode="max",
+        save_last=True,
+        enable_version_counter=False,
+    )
+    out: list[L.Callback] = [periodic, Throughput()]
+    if spec.save_best:
+        out.append(
+            cb.ModelCheckpoint(
+                dirpath=ckpt_dir,
+                filename="best",
+                monitor=spec.monitor,
+                mode="min",
+                save_top_k=1,
+                enable_version_counter=False,
+            )
+        )
+    if spec.lr_monitor:
+        out.append(cb.LearningRateMonitor(logging_interval="step"))
+    if spec.progress_bar == "rich":
+        out.append(cb.RichProgressBar(leave=True))
+    elif spec.progress_bar == "tqdm":
+        out.append(cb.TQDMProgressBar())
+    if spec.loss_curve:
+        out.append(LossCurve(run_dir / "loss_curve.png"))
+    return out
+
+
+def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = ()) -> L.Trainer:
+    """The Trainer of a validated config writing into ``run_dir`` (plus ``extra`` callbacks)."""
+    quiet_lightning()
+    cbs = CallbacksSpec(**cfg["callbacks"])
+    trainer_kw = dict(cfg["trainer"])
+    if cbs.progress_bar == "none":
+        trainer_kw["enable_progress_bar"] = False
+    return L.Trainer(
+        **trainer_kw,
+        default_root_dir=str(run_dir),
+        logger=make_loggers(LoggerSpec(**cfg["logger"]), run_dir, cfg["name"]),
+        callbacks=make_callbacks(cbs, run_dir) + list(extra),
+        plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,
+    )

@@ -1,0 +1,117 @@
+"""The plain config sections besides the slots: run, loader, optimiser, logger and callbacks.
+
+Like components, each section is a keyword-only annotated dataclass whose signature holds the only
+defaults; its YAML (``configs/<group>/*.yaml`` or the top of ``configs/train.yaml``) mirrors them
+and a test keeps the two equal. The ``trainer`` section is Lightning's own ``Trainer`` arguments
+and is checked against ``lightning.Trainer``'s signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Literal
+
+from xfam.registry import NonNegative, Positive, Range
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Top-level keys of ``configs/train.yaml``.
+
+    Attributes:
+        name: run group; the run directory is ``runs/<name>/<overrides>``.
+        seed: seeds model init, dropout and data order (same seed and config: identical losses).
+        ckpt_path: null (fresh run; refused if the run directory already holds one), ``auto``
+            (continue the run in this directory, or start it when there is none) or a path.
+        test: evaluate the test split after training.
+        debug: show full tracebacks instead of one-line errors.
+        optimized_metric: the final metric returned to a sweeper (``hparams_search=optuna``).
+    """
+
+    name: str = "default"
+    seed: int = 0
+    ckpt_path: str | None = None
+    test: bool = True
+    debug: bool = False
+    optimized_metric: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoaderSpec:
+    """How batches are drawn (``loader`` section).
+
+    Attributes:
+        streams: contiguous streams for the memory slot: row i of batch t+1 continues row i of
+            batch t (needs a contiguous source such as ``data=text``); otherwise rows are shuffled.
+        num_workers: DataLoader worker processes (0 is fastest for small rows on a small CPU).
+    """
+
+    streams: bool = False
+    num_workers: Annotated[int, NonNegative] = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimSpec:
+    """AdamW (Loshchilov & Hutter, 2019) with linear warmup and a decay schedule (``optim``).
+
+    Attributes:
+        name: the optimiser (``adamw``).
+        lr: peak learning rate.
+        betas, eps: Adam moments.
+        weight_decay: decoupled decay, applied to weight matrices only (not to biases, norms or,
+            unless ``decay_embeddings``, embeddings and position tables).
+        warmup_steps: linear warmup from 0 to ``lr``.
+        schedule: after warmup, ``cosine`` to ``min_lr_ratio * lr`` at ``trainer.max_steps``,
+            ``linear`` to the same floor, or ``constant``.
+    """
+
+    name: Literal["adamw"] = "adamw"
+    lr: Annotated[float, Positive] = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: Annotated[float, Positive] = 1e-8
+    weight_decay: Annotated[float, NonNegative] = 0.1
+    decay_embeddings: bool = False
+    warmup_steps: Annotated[int, NonNegative] = 100
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: Annotated[float, Range(ge=0, le=1)] = 0.1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoggerSpec:
+    """Where metrics go (``logger`` group). CSV metrics are always written to the run directory.
+
+    Attributes:
+        name: ``csv`` only, or ``tensorboard`` / ``wandb`` in addition to CSV.
+        project, entity, tags: Weights & Biases run attributes.
+        mode: wandb mode; ``auto`` is online with credentials (WANDB_API_KEY or a netrc entry),
+            offline without (the choice is logged).
+    """
+
+    name: Literal["csv", "tensorboard", "wandb"] = "csv"
+    project: str = "xfam"
+    entity: str | None = None
+    tags: list[str] = dataclasses.field(default_factory=list)
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CallbacksSpec:
+    """Checkpoints, progress and plots (``callbacks`` group).
+
+    Attributes:
+        every_n_steps: write ``checkpoints/step-N.ckpt`` and ``last.ckpt`` every N optimizer steps.
+        keep_last: periodic checkpoints to keep (-1: all).
+        save_best: also keep ``best.ckpt`` by ``monitor`` (lowest).
+        monitor: metric for the best checkpoint.
+        progress_bar: ``rich``, ``tqdm`` or ``none``.
+        lr_monitor: log the learning rate.
+        loss_curve: write ``loss_curve.png`` in the run directory at the end of training.
+    """
+
+    every_n_steps: Annotated[int, Positive] = 250
+    keep_last: Annotated[int, Range(ge=-1)] = 2
+    save_best: bool = True
+    monitor: str = "val/loss"
+    progress_bar: Literal["rich", "tqdm", "none"] = "rich"
+    lr_monitor: bool = True
+    loss_curve: bool = True
