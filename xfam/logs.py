@@ -25,6 +25,7 @@ def quiet_lightning() -> None:
 
     * the mid-epoch resume warning: xfam's sampler resumes exactly (``xfam.data.sampler``);
     * "checkpoint directory exists": expected when a run continues;
+    * "use sync_dist=True": epoch metrics are reduced by xfam before they are logged;
     * the LitLogger advertisement.
     """
     import warnings
@@ -32,6 +33,8 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
     warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+    # xfam sums its epoch statistics across ranks itself (XfamLitModule._log_epoch).
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropAdverts) for f in logger.filters):

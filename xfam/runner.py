@@ -100,8 +100,10 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
         if cfg.get("test", True):
             trainer.test(module, datamodule=datamodule, verbose=False)
             metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")})
-        throughput = next((c.median for c in trainer.callbacks if hasattr(c, "median")), None)
-        result = {"step": trainer.global_step, **metrics, "train/tokens_per_s": throughput}
+        done = trainer.callback_metrics  # after ddp_spawn only these come back to this process
+        step = int(done["steps_done"]) if "steps_done" in done else trainer.global_step
+        throughput = float(done["train/tokens_per_s_median"]) if "train/tokens_per_s_median" in done else None
+        result = {"step": step, **metrics, "train/tokens_per_s": throughput}
         finish(trainer, run_dir, result)
     finally:
         if handler is not None:

@@ -19,8 +19,10 @@ outputs concatenated in group order; each item gives ``heads`` plus overrides::
 
     attention: {name: vanilla, per_head: [{heads: 2}, {heads: 2, name: local, window: 64}]}
 
-An override may change ``name`` (a different component for that layer or group). Group sizes must
-add up to ``model.heads`` (and be multiples of heads per key/value head under grouped-query).
+An override may change ``name`` (a different component for that layer or group); it then starts
+from that component's defaults, since the slot's own keys (a composed YAML holds every default of
+the slot's component) belong to the slot's component. Group sizes must add up to ``model.heads``
+(and be multiples of heads per key/value head under grouped-query).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def per_layer(slot_cfg: Mapping[str, Any], num_layers: int, slot: str) -> list[d
         if not sched:
             raise ConfigError(f"{slot}.per_layer is an empty list. Fix: remove it or give at least one override.")
         for layer in range(num_layers):
-            out[layer].update(_override(sched[layer % len(sched)], f"{slot}.per_layer[{layer % len(sched)}]"))
+            out[layer] = _merge(base, _override(sched[layer % len(sched)], f"{slot}.per_layer[{layer % len(sched)}]"))
         return out
     if not isinstance(sched, Mapping):
         raise ConfigError(f"{slot}.per_layer must be a mapping of layer specs or a list. Fix: see xfam/schedule.py.")
@@ -79,7 +81,7 @@ def per_layer(slot_cfg: Mapping[str, Any], num_layers: int, slot: str) -> list[d
                     f"Fix: give every layer at most one override."
                 )
             seen[layer] = str(spec)
-            out[layer].update(_override(override, f"{slot}.per_layer[{spec!r}]"))
+            out[layer] = _merge(base, _override(override, f"{slot}.per_layer[{spec!r}]"))
     return out
 
 
@@ -100,7 +102,7 @@ def per_head(layer_cfg: Mapping[str, Any], heads: int, kv_heads: int, slot: str)
                 f"{slot}.per_head[{i}].heads={n!r}: must be a positive multiple of {per_kv} (query heads per "
                 f"key/value head). Fix: set heads on every group."
             )
-        out.append((n, {**base, **item}))
+        out.append((n, _merge(base, item)))
     total = sum(n for n, _ in out)
     if total != heads:
         raise ConfigError(
@@ -108,6 +110,13 @@ def per_head(layer_cfg: Mapping[str, Any], heads: int, kv_heads: int, slot: str)
             f"Fix: make the group sizes add up to {heads}."
         )
     return out
+
+
+def _merge(base: Mapping[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base``; one that names another component keeps only base's schedule keys."""
+    if "name" in override and override["name"] != base.get("name"):
+        base = {k: v for k, v in base.items() if k in _SCHEDULE_KEYS}
+    return {**base, **override}
 
 
 def _override(item: Any, where: str) -> dict[str, Any]:

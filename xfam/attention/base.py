@@ -45,6 +45,13 @@ class AttentionMechanism(nn.Module, Component):
     fixed_length: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)
 
+    @classmethod
+    def exact_params(cls, seq_len: int) -> dict[str, Any]:
+        """Parameters under which the mechanism equals dense softmax attention on sequences of
+        ``seq_len`` (window covering the sequence, one bucket, ...): its degenerate limit, which
+        the contract tests compare against the reference. Exact mechanisms need none."""
+        return {}
+
     def forward(
         self,
         q: Tensor,
@@ -98,7 +105,9 @@ def additive_mask(mask: AttnMask, bias: ScoreBias | None, dtype: torch.dtype, de
             out = neg if out is None else out + neg
         return out
 
-    return mask.memo(("additive", id(bias), dtype, device), make)
+    # Keyed on the bias object itself, not its id: the key keeps it alive, so a short-lived bias (a
+    # per-head slice) cannot hand its id, and with it this cached tensor, to the next one.
+    return mask.memo(("additive", bias, dtype, device), make)
 
 
 ATTENTION: Registry[AttentionMechanism] = Registry("attention", AttentionMechanism)

@@ -67,37 +67,61 @@ def _job_overrides(args: list[str]) -> list[list[str]] | None:
     return jobs[:MAX_PRECHECK_JOBS]
 
 
-def _group_problems(args: list[str]) -> list[str]:
+def _group_problems(args: list[str]) -> tuple[list[str], list[str]]:
+    """Unknown config-group options, and the overrides that remain once those are dropped."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     groups = config_groups()
-    problems = []
+    problems, kept = [], []
     for ov in OverridesParser.create().parse_overrides(overrides=args):
         group = ov.key_or_group.lstrip("+~")
-        if group not in groups or ov.is_interval_sweep():
-            continue
-        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
-        for v in values:
-            if isinstance(v, str) and v not in groups[group] and v != "null":
-                problems.append(unknown_choice(group, v, groups[group], f"pass {group}=<one of the valid choices>."))
-    return problems
+        values = []
+        if group in groups and not ov.is_interval_sweep():
+            values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
+        bad = [v for v in values if isinstance(v, str) and v not in groups[group] and v != "null"]
+        for v in bad:
+            problems.append(unknown_choice(group, v, groups[group], f"pass {group}=<one of the valid choices>."))
+        if not bad:
+            kept.append(ov.input_line)
+    return problems, kept
 
 
-def _compose_problem(err: Exception, cfg_keys: dict[str, list[str]]) -> str:
-    msg = str(err).strip().splitlines()[0]
-    for line in str(err).splitlines():
-        if "Key '" in line and "is not in struct" in line:
-            key = line.split("Key '")[1].split("'")[0]
-            full = next((w for w in str(err).split() if w.startswith("'") and "." in w), "")
-            section = full.strip("'").split(".")[0] if full else ""
-            valid = cfg_keys.get(section, [])
-            near = close_matches(key, valid)
-            hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
-            return (
-                f"{section or 'config'}: unknown key {key!r}.{hint} Valid keys: {', '.join(valid)}. "
-                f"Fix: use a valid key (or +{section}.{key}=... to add one on purpose)."
-            )
-    return f"{msg}. Fix: check the override's spelling against `python train.py --help`."
+def _unknown_key(err: Exception) -> str | None:
+    """The dotted key of Hydra's "Could not override 'a.b'" error, if that is what ``err`` is."""
+    msg = str(err)
+    if msg.startswith("Could not override '"):
+        return msg.split("'")[1]
+    return None
+
+
+def _key_problem(key: str, base: dict[str, Any]) -> str:
+    section, _, leaf = key.rpartition(".")
+    node: Any = base
+    for part in section.split(".") if section else []:
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    valid = sorted(node) if isinstance(node, dict) else []
+    near = close_matches(leaf, valid)
+    hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+    where = section or "config"
+    return (
+        f"{where}: unknown key {leaf!r}.{hint} Valid keys: {', '.join(valid)}. "
+        f"Fix: use a valid key (or +{key}=... to add one on purpose)."
+    )
+
+
+def _compose(compose: Any, job: list[str], base: dict[str, Any]) -> tuple[Any, list[str]]:
+    """Compose ``job``, dropping (and reporting) overrides of keys that do not exist."""
+    problems = []
+    for _ in range(len(job) + 1):
+        try:
+            return compose("train", overrides=job), problems
+        except Exception as err:  # Hydra's composition errors
+            key = _unknown_key(err)
+            if key is None:
+                return None, problems + [f"{err}. Fix: check the override against `python train.py --help`."]
+            problems.append(_key_problem(key, base))
+            job = [o for o in job if o.lstrip("+~").split("=")[0] != key]
+    return None, problems
 
 
 def precheck(args: list[str]) -> None:
@@ -107,10 +131,7 @@ def precheck(args: list[str]) -> None:
 
     from xfam.config import validate
 
-    overrides = [a for a in args if not a.startswith("-")]
-    problems = _group_problems(overrides)
-    if problems:
-        raise ConfigError(problems)
+    problems, overrides = _group_problems([a for a in args if not a.startswith("-")])
     jobs = _job_overrides(overrides)
     if jobs is None:  # a sweeper's search space (intervals): check the base config only
         jobs = [[o for o in overrides if "(" not in o]]
@@ -119,12 +140,10 @@ def precheck(args: list[str]) -> None:
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             base = OmegaConf.to_container(compose("train"), resolve=False)
-            keys = {k: list(v) for k, v in base.items() if isinstance(v, dict)}
             for job in jobs:
-                try:
-                    cfg = compose("train", overrides=job)
-                except Exception as err:  # Hydra's composition errors: unknown key, bad value
-                    problems.append(_compose_problem(err, keys))
+                cfg, compose_problems = _compose(compose, job, base)
+                problems += compose_problems
+                if cfg is None:
                     continue
                 try:
                     validate(OmegaConf.to_container(cfg, resolve=True))

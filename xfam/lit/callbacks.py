@@ -8,7 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.utilities import rank_zero_only
+
+
+class StepProgressBar(RichProgressBar):
+    """Rich progress bar that counts optimizer steps against ``max_steps`` (runs here are sized
+    in steps, so Lightning's "Epoch 0/-2" would say nothing) and hides the logger version."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        steps = self.trainer.max_steps
+        total = f"/{steps}" if steps and steps > 0 else ""
+        return f"Epoch {current_epoch} · step {self.trainer.global_step}{total}".ljust(len(self.validation_description))
+
+    def get_metrics(self, trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, module)
+        items.pop("v_num", None)
+        return items
 
 
 class Throughput(L.Callback):
@@ -30,10 +46,8 @@ class Throughput(L.Callback):
         module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
         if batch_idx >= self.warmup_steps:
             self.rates.append(rate)
-
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.rates) if self.rates else None
+            # Kept as a callback metric (not logged) so it survives ddp_spawn's return to the parent.
+            module.log("train/tokens_per_s_median", statistics.median(self.rates), logger=False)
 
 
 class LossCurve(L.Callback):

@@ -88,8 +88,12 @@ class XfamLitModule(L.LightningModule):
             total = total + value
         if out.depth is not None:
             self.log("train/depth", out.depth.float().mean())
-        self.log("global_step", float(self.global_step), logger=False)
+        self.log("global_step", float(self.global_step), logger=False)  # ModelCheckpoint keeps the latest by it
         return total
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Steps done, as a callback metric: after ddp_spawn only those reach the main process.
+        self.log("steps_done", float(self.global_step), logger=False)
 
     def on_train_epoch_start(self) -> None:
         self._memory = None  # a new epoch restarts the streams

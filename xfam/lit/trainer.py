@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch import callbacks as cb
 from lightning.pytorch import loggers
 
-from xfam.lit.callbacks import LossCurve, Throughput
+from xfam.lit.callbacks import LossCurve, StepProgressBar, Throughput
 from xfam.lit.checkpoint import AtomicCheckpointIO
 from xfam.logs import log, quiet_lightning
 from xfam.specs import CallbacksSpec, LoggerSpec
@@ -88,7 +88,7 @@ def make_callbacks(spec: CallbacksSpec, run_dir: Path) -> list[L.Callback]:
     if spec.lr_monitor:
         out.append(cb.LearningRateMonitor(logging_interval="step"))
     if spec.progress_bar == "rich":
-        out.append(cb.RichProgressBar(leave=True))
+        out.append(StepProgressBar(leave=True))
     elif spec.progress_bar == "tqdm":
         out.append(cb.TQDMProgressBar())
     if spec.loss_curve:

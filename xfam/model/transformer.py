@@ -29,10 +29,12 @@ Task = Literal["lm", "classify"]
 
 @dataclasses.dataclass
 class DecodeCache:
-    """Incremental-decoding state: tokens seen so far and each layer's mechanism state."""
+    """Incremental-decoding state: tokens seen so far, each layer's mechanism state, and the key
+    padding ``[B, length]`` of the tokens seen so far (None while nothing was padded)."""
 
     length: int
     layers: list[DecodeState | None]
+    key_padding: Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -130,11 +132,19 @@ class XfamModel(nn.Module):
         states = list(cache.layers) if cache is not None else None
         contexts: dict[int, LayerContext] = {}
         aux: dict[str, Tensor] = {}
+        cache_pad = None
+        if cache is not None and (key_padding is not None or cache.key_padding is not None):
+            # Keys are [cache | new tokens]: the mask needs the padding of the cached tokens too.
+            ones = lambda n: tokens.new_ones(b, n, dtype=torch.bool)
+            past = cache.key_padding if cache.key_padding is not None else ones(offset)
+            cache_pad = torch.cat((past, key_padding if key_padding is not None else ones(s)), dim=1)  # [B, T + S]
 
         def context(front: int) -> LayerContext:
             # Keys = [front (memory or cache) | segment]; one context per distinct front length.
             if front not in contexts:
-                if key_padding is not None and front and cache is None:
+                if cache is not None:
+                    pad = cache_pad
+                elif key_padding is not None and front:
                     pad = torch.cat((key_padding.new_ones(b, front), key_padding), dim=1)  # [B, M + S]
                 else:
                     pad = key_padding
@@ -166,7 +176,7 @@ class XfamModel(nn.Module):
         res = self.exit(x, run_layer, self.num_layers, self.head_logits)
         aux.update({f"exit/{k}": val for k, val in res.aux.items()})
         logits = self.head_logits(res.hidden, key_padding)
-        new_cache = DecodeCache(offset + s, states) if states is not None else None
+        new_cache = DecodeCache(offset + s, states, cache_pad) if states is not None else None
         return ModelOutput(logits=logits, aux=aux, memory=new_mem, cache=new_cache, depth=res.depth)
 
     def head_logits(self, hidden: Tensor, key_padding: Tensor | None = None) -> Tensor:

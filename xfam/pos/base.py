@@ -55,7 +55,7 @@ class ScoreBias(nn.Module):
             q_pos, k_pos = mask.positions(device)
             return self.pairs(q_pos[:, None], k_pos[None, :])[None].to(dtype)  # [1, H, Sq, Sk]
 
-        return mask.memo(("bias", id(self), dtype), make)
+        return mask.memo(("bias", self, dtype), make)  # the object, not its id (see additive_mask)
 
     def kernel_params(self) -> dict[str, Any] | None:
         """Description for a fused kernel, or None if the kernel must read ``dense``."""

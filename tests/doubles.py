@@ -1,0 +1,317 @@
+"""Test doubles: one toy component per contract between slots, used only in tests.
+
+Each is small enough to check by hand and proves one contract of the core (DESIGN.md section 4):
+
+    toy_bias         pos, kind "bias":     b[h, i, j] = -scale (h + 1) (i - j)^2
+    toy_modifier     pos, kind "modifier": logits + alpha * sum(q_i) * (j - i); output + beta * E_p[i - j] * (1..Dh)
+    toy_causal_only  attention: causal-only, accepts no score bias (capability refusals)
+    toy_linear       attention: causal linear attention with running sums as decode state (not a KV cache)
+    toy_record       attention: softmax attention with q scaled by ``temp``; records its constructor params
+    toy_memory       memory: Transformer-XL-like, keeps the last ``mem_len`` layer inputs, detached
+    toy_deep         exit: deep supervision, an aux loss from head(h_l) at every layer, reports depth
+    toy_stop         exit: runs only the first ``stop_after`` layers
+
+They register into the real registries; their ``__module__`` does not start with ``xfam.``, so the
+registry/YAML bijection and the registry-driven contract tests ignore them. ``conftest.py`` imports
+this module once as ``doubles`` (import it under that name only, or the toys register twice).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import xfam.attention
+import xfam.exit
+import xfam.memory
+import xfam.pos  # noqa: F401  (registers the real components)
+from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, expand_kv
+from xfam.attention.mask import AttnMask
+from xfam.attention.vanilla import reference_attention
+from xfam.exit.base import EXIT, ExitOutput, ExitPolicy
+from xfam.memory.base import MEMORY, Memory, MemoryState
+from xfam.model.spec import ModelSpec
+from xfam.model.transformer import XfamModel
+from xfam.pos.base import POS, PositionalEncoding, ScoreBias, ScoreModifier
+from xfam.registry import Range
+
+# -- score biases ------------------------------------------------------------------------------
+
+
+class QuadraticBias(ScoreBias):
+    """``b[h, i, j] = -scale * (h + 1) * (i - j)^2``."""
+
+    def __init__(self, heads: int, scale: float):
+        super().__init__()
+        self.heads = heads
+        self.register_buffer("coef", scale * torch.arange(1, heads + 1, dtype=torch.float32), persistent=False)
+
+    def pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        d = (q_pos - k_pos).to(self.coef.dtype)
+        return -self.coef.view(-1, *([1] * d.dim())) * d**2  # [H, *pairs]
+
+
+def quadratic_bias_value(h: int, i: int, j: int, scale: float) -> float:
+    """The toy bias written out, for hand-computed expectations."""
+    return -scale * (h + 1) * (i - j) ** 2
+
+
+class TableBias(ScoreBias):
+    """An arbitrary bias ``b[h, i, j] = table[h, i, j]`` (random, fixed): not symmetric, not a function of
+    ``i - j``, so a path that transposes, shifts or drops the bias fails a parity test."""
+
+    def __init__(self, heads: int, max_pos: int = 32, seed: int = 1234):
+        super().__init__()
+        self.heads = heads
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("table", torch.randn(heads, max_pos, max_pos, generator=g), persistent=False)
+
+    def pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        q_pos, k_pos = torch.broadcast_tensors(q_pos, k_pos)
+        return self.table[:, q_pos, k_pos]  # [H, *pairs]
+
+
+@POS.register("toy_bias")
+class ToyBiasPos(PositionalEncoding):
+    """A ``bias`` encoding whose ScoreBias is ``-scale (h + 1) (i - j)^2``."""
+
+    kind = "bias"
+    relative = True
+
+    def __init__(self, *, heads: int, scale: float = 0.1):
+        super().__init__()
+        self.bias = QuadraticBias(heads, scale)
+
+    def score_bias(self) -> ScoreBias:
+        return self.bias
+
+
+# -- score modifier ----------------------------------------------------------------------------
+
+
+class ToyModifier(ScoreModifier):
+    """``logits``: ``+ alpha * sum_d(q_i) * (j - i)`` (depends on q and on relative position);
+    ``output``: ``+ beta * sum_j p_ij (i - j) * [1, 2, ..., Dh]`` (a term computed from the probabilities).
+    ``i`` and ``j`` are key-index positions (query i sits at ``offset + i``)."""
+
+    def __init__(self, head_dim: int, alpha: float, beta: float):
+        super().__init__()
+        self.alpha, self.beta = alpha, beta
+        self.register_buffer("ramp", torch.arange(1, head_dim + 1, dtype=torch.float32), persistent=False)
+
+    def _dist(self, mask: AttnMask, like: Tensor) -> Tensor:
+        q_pos, k_pos = mask.positions(like.device)
+        return (q_pos[:, None] - k_pos[None, :]).to(like.dtype)  # [Sq, Sk], i - j
+
+    def logits(self, scores: Tensor, q: Tensor, k: Tensor, mask: AttnMask) -> Tensor:
+        return scores - self.alpha * q.sum(-1, keepdim=True) * self._dist(mask, scores)
+
+    def output(self, probs: Tensor, mask: AttnMask) -> Tensor:
+        mean_dist = (probs * self._dist(mask, probs)).sum(-1, keepdim=True)  # [B, H, Sq, 1]
+        return self.beta * mean_dist * self.ramp.to(probs.dtype)  # [B, H, Sq, Dh]
+
+
+@POS.register("toy_modifier")
+class ToyModifierPos(PositionalEncoding):
+    """A ``modifier`` encoding (same modifier in every layer)."""
+
+    kind = "modifier"
+    relative = True
+
+    def __init__(self, *, head_dim: int, alpha: float = 0.1, beta: float = 0.05):
+        super().__init__()
+        self.mod = ToyModifier(head_dim, alpha, beta)
+
+    def score_modifier(self, layer: int) -> ScoreModifier:
+        return self.mod
+
+
+# -- attention mechanisms ----------------------------------------------------------------------
+
+
+@ATTENTION.register("toy_causal_only")
+class ToyCausalOnly(AttentionMechanism):
+    """Causal softmax attention that cannot be bidirectional and accepts no score bias."""
+
+    causal = True
+    bidirectional = False
+    accepts_bias = False
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, q, k, v, mask, bias=None, modifier=None) -> Tensor:
+        return reference_attention(q, k, v, mask)
+
+
+def elu1(x: Tensor) -> Tensor:
+    return F.elu(x) + 1
+
+
+@ATTENTION.register("toy_linear")
+class ToyLinear(AttentionMechanism):
+    """Causal linear attention (Katharopoulos et al., 2020) with ``phi = elu + 1``:
+    ``o_i = phi(q_i) S_i / (phi(q_i) . z_i)`` with ``S_i = sum_{j<=i} phi(k_j) v_j^T``, ``z_i = sum_{j<=i} phi(k_j)``.
+
+    ``forward`` is the quadratic form with the mask; ``decode`` keeps only ``(S, z)``, so its state does
+    not grow with the sequence (the decode-state contract for state that is not a KV cache).
+    """
+
+    causal = True
+    bidirectional = False
+    accepts_bias = False
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, q, k, v, mask, bias=None, modifier=None) -> Tensor:
+        heads = q.shape[1]
+        k, v = expand_kv(k, heads), expand_kv(v, heads)  # [B, H, Sk, Dh]
+        a = torch.einsum("bhqd,bhkd->bhqk", elu1(q), elu1(k))  # [B, H, Sq, Sk]
+        allowed = mask.dense(q.device)
+        if allowed is not None:
+            a = a * allowed
+        return (a @ v) / a.sum(-1, keepdim=True)
+
+    def decode(self, q, k, v, state, mask, bias=None, modifier=None) -> tuple[Tensor, DecodeState]:
+        heads = q.shape[1]
+        fq, fk, v = elu1(q), elu1(expand_kv(k, heads)), expand_kv(v, heads)
+        s = torch.einsum("bhsd,bhse->bhsde", fk, v).cumsum(2)  # [B, H, Sq, Dh, Dh]
+        z = fk.cumsum(2)  # [B, H, Sq, Dh]
+        if state is not None:
+            s = s + state["s"][:, :, None]
+            z = z + state["z"][:, :, None]
+        num = torch.einsum("bhsd,bhsde->bhse", fq, s)
+        den = (fq * z).sum(-1, keepdim=True)
+        return num / den, {"s": s[:, :, -1], "z": z[:, :, -1]}
+
+
+@ATTENTION.register("toy_record")
+class ToyRecord(AttentionMechanism):
+    """Softmax attention with queries scaled by ``temp``; keeps the parameters it was built with."""
+
+    def __init__(self, *, temp: float = 1.0, tag: str = "", heads: int, kv_heads: int, layer: int = -1):
+        super().__init__()
+        self.temp = temp
+        self.params = {"temp": temp, "tag": tag, "heads": heads, "kv_heads": kv_heads, "layer": layer}
+
+    def forward(self, q, k, v, mask, bias=None, modifier=None) -> Tensor:
+        return reference_attention(q * self.temp, k, v, mask, bias, modifier)
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+@MEMORY.register("toy_memory")
+class ToyMemory(Memory):
+    """Transformer-XL-like memory of one layer: the last ``mem_len`` inputs of the layer, detached."""
+
+    def __init__(self, *, mem_len: Annotated[int, Range(ge=1)] = 16):
+        super().__init__()
+        self.mem_len = mem_len
+
+    def read(self, state: MemoryState) -> Tensor | None:
+        return state
+
+    def write(self, state: MemoryState, hidden: Tensor) -> tuple[MemoryState, dict[str, Tensor]]:
+        new = hidden.detach() if state is None else torch.cat((state, hidden.detach()), dim=1)  # [B, M + S, D]
+        return new[:, -self.mem_len :], {}
+
+
+# -- exit policies -----------------------------------------------------------------------------
+
+
+@EXIT.register("toy_deep")
+class ToyDeep(ExitPolicy):
+    """Deep supervision: ``aux["deep"] = sum_l mean(logsumexp(head(h_l)))`` over every layer's output;
+    depth is ``num_layers`` for every token. Keeps the per-layer outputs in ``self.last_hiddens``."""
+
+    wants_hidden_states = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_hiddens: list[Tensor] = []
+
+    def forward(self, x, run_layer, num_layers, head) -> ExitOutput:
+        hiddens = []
+        for step in range(num_layers):
+            x = run_layer(step, x)
+            hiddens.append(x)
+        self.last_hiddens = hiddens
+        loss = sum(head(h).logsumexp(-1).mean() for h in hiddens)
+        depth = torch.full(x.shape[:2], num_layers, device=x.device)
+        return ExitOutput(hidden=x, aux={"deep": loss}, depth=depth, hiddens=hiddens)
+
+
+@EXIT.register("toy_stop")
+class ToyStop(ExitPolicy):
+    """Every token stops after the first ``stop_after`` layers."""
+
+    early_exit = True
+
+    def __init__(self, *, stop_after: Annotated[int, Range(ge=1)] = 1):
+        super().__init__()
+        self.stop_after = stop_after
+
+    def forward(self, x, run_layer, num_layers, head) -> ExitOutput:
+        n = min(self.stop_after, num_layers)
+        for step in range(n):
+            x = run_layer(step, x)
+        return ExitOutput(hidden=x, depth=torch.full(x.shape[:2], n, device=x.device))
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+NO_SLOT = {"name": "none"}
+
+
+def build_model(
+    *,
+    task: str = "lm",
+    attention: dict[str, Any] | None = None,
+    pos: dict[str, Any] | str = "none",
+    memory: dict[str, Any] | None = None,
+    exit: dict[str, Any] | None = None,
+    vocab_size: int = 13,
+    num_classes: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **spec: Any,
+) -> XfamModel:
+    """A tiny model (dim 32, 2 layers, 4 heads unless overridden), seeded, in eval mode."""
+    torch.manual_seed(seed)
+    spec = {"dim": 32, "layers": 2, "heads": 4, "max_len": 32, **spec}
+    model = XfamModel(
+        ModelSpec(**spec),
+        task=task,
+        vocab_size=vocab_size,
+        num_classes=num_classes if num_classes is not None else (3 if task == "classify" else None),
+        attention=attention or {"name": "vanilla"},
+        pos={"name": pos} if isinstance(pos, str) else pos,
+        memory=memory or NO_SLOT,
+        exit=exit or NO_SLOT,
+    )
+    return model.to(dtype).eval()
+
+
+def decode_logits(
+    model: XfamModel, tokens: Tensor, prompt: int, step: int = 1, key_padding: Tensor | None = None
+) -> Tensor:
+    """Logits of ``tokens`` computed with the decode cache: the first ``prompt`` tokens at once, then
+    ``step`` tokens per call (each with its slice of ``key_padding``); concatenated to ``[B, S, V]``."""
+    pad = (lambda a, b: None) if key_padding is None else (lambda a, b: key_padding[:, a:b])
+    out = model(tokens[:, :prompt], key_padding=pad(0, prompt), cache=model.empty_cache())
+    logits, cache = [out.logits], out.cache
+    for t in range(prompt, tokens.shape[1], step):
+        out = model(tokens[:, t : t + step], key_padding=pad(t, t + step), cache=cache)
+        logits.append(out.logits)
+        cache = out.cache
+    return torch.cat(logits, dim=1)
+
+
+def xfam_components(registry: Any) -> list[str]:
+    """Names of the real components of a registry (the test doubles excluded)."""
+    return [name for name, cls in registry.items() if cls.__module__.startswith("xfam.")]
