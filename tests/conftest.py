@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+# A fresh datasets cache per test session (set before `datasets` is imported): tests never read
+# what another session or a user's runs cached, and leave the user's cache alone.
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="xfam-test-hf-")
+    atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # Import the doubles under one name ("doubles") whatever pytest's import mode, so each toy registers once.
 sys.path.insert(0, str(Path(__file__).parent))

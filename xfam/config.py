@@ -149,6 +149,11 @@ def validate(cfg: Mapping[str, Any]) -> None:
                 f"Fix: model.max_len={seq_len} or more, a shorter data.seq_len, or a pos that extrapolates "
                 f"(pos=rope, pos=alibi)."
             )
+        if sel.has_memory and cfg["data"].get("doc_mask"):
+            problems.append(
+                "data.doc_mask=true keeps attention inside documents, but memory carries keys across segments "
+                "without document ids. Fix: data.doc_mask=false or memory=none."
+            )
         if cfg["loader"].get("streams") and data_cls is not None and not data_cls.contiguous:
             problems.append(
                 f"loader.streams=true needs a contiguous source (consecutive rows of one token stream); "

@@ -41,6 +41,11 @@ def generate(
     """
     if model.task != "lm":
         raise ConfigError("generate needs a language model; this checkpoint is a classifier. Fix: use `xfam eval`.")
+    if model.uses_memory:
+        raise ConfigError(
+            "generate decodes with each layer's decode state; it does not also carry segment memory. "
+            "Fix: sample from a model trained with memory=none."
+        )
     if prompt.shape[1] == 0:
         raise ConfigError("generate needs a prompt of at least one token. Fix: pass prompt=<text>.")
     model.eval()

@@ -180,6 +180,8 @@ def run_job(cfg: DictConfig) -> Any:
     try:
         metrics = train(plain, run_dir)
     except ConfigError as err:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # Hydra created it for this job; a refused job leaves nothing behind
         report(err, plain.get("debug", False) or os.environ.get("XFAM_DEBUG") == "1")
     metric = plain.get("optimized_metric")
     if metric:

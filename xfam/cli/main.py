@@ -17,12 +17,21 @@ from xfam.errors import ConfigError
 
 
 def _kv_args(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """Turn ``key=value`` words into ``--key=value`` for the parser's known options."""
-    known = {a.dest for a in parser._actions}
+    """Turn ``key=value`` words into ``--key=value`` for the parser's known options
+    (``flag=true`` / ``flag=false`` for switches)."""
+    actions = {a.dest: a for a in parser._actions}
     out = []
     for word in argv:
-        key, eq, _ = word.partition("=")
-        out.append(f"--{word}" if eq and not word.startswith("-") and key in known else word)
+        key, eq, value = word.partition("=")
+        action = actions.get(key)
+        if not eq or word.startswith("-") or action is None:
+            out.append(word)
+        elif isinstance(action, argparse._StoreTrueAction):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                parser.error(f"{key} is a switch: use {key}=true or {key}=false")
+            out += [f"--{key}"] if value.lower() in ("true", "1", "yes") else []
+        else:
+            out.append(f"--{word}")
     return out
 
 

@@ -57,7 +57,7 @@ class XfamLitModule(L.LightningModule):
         self.config, self.data_info = config, data_info
         self.task = data_info["task"]
         self.model = build_model(config, data_info)
-        self.uses_memory = any(m.registry_name != "none" for m in self.model.memories)
+        self.uses_memory = self.model.uses_memory
         tb = data_info.get("token_bytes")
         self.register_buffer("token_bytes", torch.tensor(tb if tb else [], dtype=torch.float32), persistent=False)
         self._memory: list[Any] | None = None

@@ -82,6 +82,7 @@ class XfamModel(nn.Module):
         self.memories = nn.ModuleList(
             MEMORY.build(cfg, **struct, layer=i) for i, cfg in enumerate(per_layer(memory, spec.layers, "memory"))
         )
+        self.uses_memory = any(m.registry_name != "none" for m in self.memories)
         self.norm = make_norm(spec) if spec.norm_position == "pre" else nn.Identity()
         out_dim = vocab_size if task == "lm" else num_classes
         self.head = nn.Linear(spec.dim, out_dim, bias=task == "classify")

@@ -1,0 +1,190 @@
+"""``data=hf``: language modelling on any Hugging Face dataset with a text column.
+
+``path`` is a hub id (``Salesforce/wikitext``, ``LTCB/enwik8``, ``deepmind/pg19`` ...), loaded with
+``datasets.load_dataset`` (network, or the local hub cache), or a folder written by
+``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, loaded with ``load_from_disk``. Nothing
+here touches the network unless ``path`` is a hub id; with ``HF_HUB_OFFLINE=1`` /
+``HF_DATASETS_OFFLINE=1`` an uncached hub id fails at once, as a ``ConfigError`` with the fix.
+
+A split named ``null`` is carved from train deterministically (a permutation seeded by ``seed``).
+Tokenization and packing are those of ``data=text`` (``xfam.data.packing``); the fingerprint
+combines the ``datasets`` fingerprints of the loaded splits with the carving, column, tokenizer
+and ``seq_len``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+
+from xfam.data.base import DATA
+from xfam.data.packing import SPLITS, PackedLM
+from xfam.data.tokenize import short_hash
+from xfam.errors import ConfigError, unknown_choice
+from xfam.registry import Range
+
+_TEXT_TYPES = ("string", "large_string")
+
+
+def _local_layout(folder: Path) -> dict[str, dict[str, Any]] | None:
+    """``{split: features}`` of a ``save_to_disk`` folder, read from its JSON files (no data loaded)."""
+
+    def features(d: Path) -> dict[str, Any]:
+        return json.loads((d / "dataset_info.json").read_text()).get("features", {})
+
+    if (folder / "dataset_dict.json").is_file():
+        names = json.loads((folder / "dataset_dict.json").read_text())["splits"]
+        return {n: features(folder / n) for n in names}
+    if (folder / "state.json").is_file():
+        return {"train": features(folder)}
+    return None
+
+
+def _split_problems(params: dict[str, Any], layout: dict[str, dict[str, Any]]) -> list[str]:
+    problems, column = [], params["text_column"]
+    for key in ("train_split", "validation_split", "test_split"):
+        name = params[key]
+        if name is not None and name not in layout:
+            fix = f"set data.{key} to one of them" + ("" if key == "train_split" else " or null to carve it from train")
+            problems.append(unknown_choice(f"{key} (a split name)", name, layout, fix + "."))
+    for name, feats in layout.items():
+        if name in (params["train_split"], params["validation_split"], params["test_split"]):
+            if column not in feats:
+                where = f"text_column (a column of split {name!r})"
+                problems.append(unknown_choice(where, column, feats, "set data.text_column to one of the columns."))
+            elif feats[column].get("_type") != "Value" or feats[column].get("dtype") not in _TEXT_TYPES:
+                problems.append(
+                    f"text_column {column!r} of split {name!r} is {feats[column]}, not text. Fix: set "
+                    "data.text_column to a string column."
+                )
+    return problems
+
+
+@DATA.register("hf")
+class HFSource(PackedLM):
+    """Language modelling on a hub or ``save_to_disk`` dataset's text column, packed like ``data=text``.
+
+    Args:
+        path: hub id, or a local ``save_to_disk`` folder (a single ``Dataset`` counts as train).
+        config_name: the hub configuration (null for none; ignored for a local folder).
+        text_column: the column holding the text.
+        train_split / validation_split / test_split: split names; validation/test null: carved
+            from train (``val_fraction`` / ``test_fraction`` of its rows, seeded).
+        join: ``eos``: each row is a document followed by eos (empty rows dropped); ``concat``:
+            rows are consecutive pieces of one text (wikitext's lines, which end in a newline) and
+            are concatenated as they are, with no eos.
+        tokenizer / bpe_vocab_size / doc_mask / seq_len / batch_size / seed: as in ``data=text``
+            (``doc_mask`` needs ``join=eos``: it is the eos that marks a document boundary).
+    """
+
+    def __init__(
+        self,
+        *,
+        path: str = "Salesforce/wikitext",
+        config_name: str | None = "wikitext-2-raw-v1",
+        text_column: str = "text",
+        train_split: str = "train",
+        validation_split: str | None = "validation",
+        test_split: str | None = "test",
+        val_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
+        test_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
+        join: Literal["eos", "concat"] = "concat",
+        tokenizer: Literal["byte", "bpe"] = "byte",
+        bpe_vocab_size: Annotated[int, Range(ge=257)] = 4096,
+        doc_mask: bool = False,
+        seq_len: Annotated[int, Range(ge=1)] = 256,
+        batch_size: Annotated[int, Range(ge=1)] = 16,
+        seed: int = 0,
+    ):
+        self.path, self.config_name, self.text_column = path, config_name, text_column
+        self.split_names = {"train": train_split, "validation": validation_split, "test": test_split}
+        self.fractions = {"validation": val_fraction, "test": test_fraction}
+        self.join_eos = join == "eos"
+        self.tokenizer_kind, self.bpe_vocab_size, self.doc_mask = tokenizer, bpe_vocab_size, doc_mask
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+
+    @classmethod
+    def check(cls, params: dict[str, Any], ctx: Any) -> list[str]:
+        problems = []
+        if params["doc_mask"] and params["join"] != "eos":
+            problems.append("doc_mask=true needs join=eos (documents are delimited by eos). Fix: set data.join=eos.")
+        carved = [params["val_fraction"]] * (params["validation_split"] is None)
+        carved += [params["test_fraction"]] * (params["test_split"] is None)
+        if sum(carved) >= 1:
+            problems.append(f"the carved fractions sum to {sum(carved):g}, leaving no train rows. Fix: make it < 1.")
+        local = Path(params["path"]).expanduser()
+        if local.is_dir():
+            layout = _local_layout(local)
+            if layout is None:
+                problems.append(
+                    f"path={params['path']!r} is a folder but not a datasets save_to_disk folder (no "
+                    "dataset_dict.json or state.json). Fix: pass a save_to_disk folder, or use data=text "
+                    f"paths=[{params['path']!r}] for a folder of text files."
+                )
+            else:
+                problems += _split_problems(params, layout)
+        elif local.exists() or params["path"].startswith(("/", "./", "../", "~")):
+            problems.append(
+                f"path={params['path']!r} is not an existing folder. Fix: pass a datasets save_to_disk folder "
+                "or a hub id (e.g. Salesforce/wikitext); for text files use data=text."
+            )
+        return problems
+
+    def _load(self) -> dict[str, Any]:
+        import datasets
+
+        local = Path(self.path).expanduser()
+        if local.is_dir():
+            loaded = datasets.load_from_disk(str(local))
+            return {"train": loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
+        try:
+            return dict(datasets.load_dataset(self.path, self.config_name))
+        except (OSError, ValueError) as err:
+            what = f"data=hf: dataset {self.path!r} (config {self.config_name!r})"
+            save = (
+                "or, where there is network, save it with DatasetDict.save_to_disk(folder) and pass data.path=<folder>."
+            )
+            if datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE:
+                raise ConfigError(
+                    f"{what} is not available offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set and it is not "
+                    f"in the local cache). Fix: unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE on a machine with "
+                    f"network, {save}"
+                ) from err
+            raise ConfigError(
+                f"{what} could not be loaded: {err}. Fix: check data.path and data.config_name, {save}"
+            ) from err
+
+    def documents(self) -> tuple[dict[str, Any], str, str, dict[str, Any]]:
+        loaded = self._load()
+        layout = {name: dict(ds.features.to_dict()) for name, ds in loaded.items()}
+        params = {f"{k}_split": v for k, v in self.split_names.items()} | {"text_column": self.text_column}
+        if problems := _split_problems(params, layout):
+            raise ConfigError([f"data=hf: {p}" for p in problems])
+        train = loaded[self.split_names["train"]]
+        docs = {name: loaded[self.split_names[name]] for name in SPLITS if self.split_names[name] is not None}
+        carve = [name for name in SPLITS if name not in docs]
+        if carve:
+            order = np.random.default_rng(self.seed).permutation(len(train))
+            start = 0
+            for name in carve:
+                n = max(1, round(self.fractions[name] * len(train)))
+                docs[name] = train.select(np.sort(order[start : start + n]))
+                start += n
+            docs["train"] = train.select(np.sort(order[start:]))
+        sources = {name: loaded[n]._fingerprint for name, n in self.split_names.items() if n is not None}
+        corpus = {
+            "source": "hf",
+            "path": self.path,
+            "config_name": self.config_name,
+            "text_column": self.text_column,
+            "splits_from": self.split_names,
+            "carved": {name: self.fractions[name] for name in carve},
+            "seed": self.seed if carve else None,
+            "dataset_fingerprints": sources,
+            "rows": {name: len(ds) for name, ds in docs.items()},
+        }
+        corpus_fp = short_hash({k: v for k, v in corpus.items() if k != "path"})
+        return {name: docs[name] for name in SPLITS}, self.text_column, corpus_fp, corpus

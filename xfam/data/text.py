@@ -1,0 +1,231 @@
+"""``data=text``: language modelling on local text files, by default the Python standard library.
+
+The default corpus (``paths: null``) is the standard library's own sources, found through
+``sysconfig.get_paths()["stdlib"]``: it exists wherever Python does, so a fresh machine trains on
+real text without a download (~1,800 ``*.py`` files, ~31 MB for CPython 3.11).
+
+Documents are whole files. Each goes to one split by a hash of its relative path (stable across
+runs, machines and seeds, so validation numbers stay comparable); ``seed`` only orders the
+documents inside a split before they are packed (see ``xfam.data.packing``). The manifest lists
+every file with its size and sha256; the fingerprint is a hash of those, the split assignment, the
+tokenizer and ``seq_len``, and it names the ``datasets`` cache files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from xfam.data.base import DATA
+from xfam.data.packing import SPLITS, PackedLM, unigram_entropy_bits
+from xfam.data.tokenize import short_hash
+from xfam.errors import ConfigError
+from xfam.registry import Range
+
+__all__ = ["TextSource", "discover", "unigram_entropy_bits"]
+
+#: Folders never walked: caches, installed third-party code and hidden folders (.git ...).
+SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages"}
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _walk(root: Path, extensions: list[str]) -> tuple[list[Path], Counter]:
+    """Non-empty files under ``root`` ending in one of ``extensions``, and a count of all suffixes seen."""
+    found, seen, exts = [], Counter(), tuple(e.lower() for e in extensions)
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+        for name in names:
+            path = Path(folder, name)
+            seen[path.suffix.lower() or "(none)"] += 1
+            if name.lower().endswith(exts) and path.is_file() and path.stat().st_size > 0:
+                found.append(path)
+    return sorted(found), seen
+
+
+def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple[str, Path]], list[str]]:
+    """``(key, path)`` of every document, and the problems found (each ends with its fix).
+
+    Keys are relative paths: inside the standard library as they are, inside a folder prefixed by
+    the folder's name, a file by its name. Files named directly are taken whatever their suffix.
+    """
+    if paths is None:
+        root = stdlib_root()
+        files, _ = _walk(root, extensions)
+        problem = f"the standard library at {root} has no file ending in {extensions}. Fix: set data.paths."
+        return [(p.relative_to(root).as_posix(), p) for p in files], [] if files else [problem]
+    docs, problems = [], [] if paths else ["paths is an empty list. Fix: name files or folders, or paths=null."]
+    for i, raw in enumerate(paths):
+        path = Path(raw).expanduser()
+        where = f"paths[{i}]={raw!r}"
+        if not path.exists():
+            problems.append(
+                f"{where} does not exist. Fix: pass an existing file or folder, or paths=null for the "
+                "built-in standard library corpus."
+            )
+        elif path.is_file():
+            if path.stat().st_size == 0:
+                problems.append(f"{where} is an empty file. Fix: remove it from data.paths.")
+            docs.append((path.name, path))
+        else:
+            files, seen = _walk(path, extensions)
+            if not files and not seen:
+                problems.append(f"{where} is an empty folder. Fix: put text files in it or pass another folder.")
+            elif not files:
+                common = ", ".join(f"{ext} ({n})" for ext, n in seen.most_common(8))
+                top = seen.most_common(1)[0][0]
+                problems.append(
+                    f"{where} has no non-empty file ending in {extensions} (found: {common}). Fix: set "
+                    f"data.extensions to the suffixes of your text files, e.g. extensions=['{top}']."
+                )
+            docs += [(f"{path.name}/{p.relative_to(path).as_posix()}", p) for p in files]
+    return docs, problems
+
+
+def _unit(text: str) -> float:
+    """A number in [0, 1) fixed by ``text`` (first 52 bits of its sha256)."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:13], 16) / 16**13
+
+
+def _read_documents(keys: tuple[str, ...], files: tuple[str, ...], sha256: tuple[str, ...]):
+    """``Dataset.from_generator`` body: the bytes of each file, checked against the manifest's hash."""
+    for key, file, digest in zip(keys, files, sha256):
+        data = Path(file).read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ConfigError(f"{file} changed while it was being read. Fix: run again once it stops changing.")
+        yield {"path": key, "text": data}
+
+
+@DATA.register("text")
+class TextSource(PackedLM):
+    """Byte-level (or BPE) language modelling on local text files, packed into contiguous rows.
+
+    Args:
+        paths: files or folders (walked recursively for ``extensions``; hidden folders,
+            ``__pycache__`` and ``site-packages`` skipped; empty files skipped). null: the Python
+            standard library's ``*.py`` sources, which need no download.
+        extensions: suffixes of the files taken from folders (files named in ``paths`` are taken
+            whatever their suffix). The default matches the default corpus; for prose use e.g.
+            ``[".txt", ".md"]``.
+        tokenizer: ``byte`` (vocab 257: 256 bytes + eos) or ``bpe`` (byte-level BPE trained on
+            the train split, cached).
+        bpe_vocab_size: vocabulary of the BPE, eos included.
+        val_fraction / test_fraction: expected share of documents in validation / test.
+        doc_mask: true: attention stays inside each document of a packed row (the batch carries
+            ``segments``); false: attention crosses document boundaries (the eos token is the only
+            separator, as in GPT-2-style training).
+        max_bytes: cap on the bytes read, for quick runs: each split takes, in seed order, every
+            document that still fits in its share of the cap (at least its smallest document).
+        seq_len: tokens per row (inputs; a row stores ``seq_len + 1``).
+        batch_size: rows per batch.
+        seed: data seed (document order inside each split).
+    """
+
+    def __init__(
+        self,
+        *,
+        paths: list[str] | None = None,
+        extensions: list[str] = [".py"],  # noqa: B006  (copied, never mutated; YAML mirrors it)
+        tokenizer: Literal["byte", "bpe"] = "byte",
+        bpe_vocab_size: Annotated[int, Range(ge=257)] = 4096,
+        val_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
+        test_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
+        doc_mask: bool = False,
+        max_bytes: Annotated[int, Range(ge=1)] | None = None,
+        seq_len: Annotated[int, Range(ge=1)] = 256,
+        batch_size: Annotated[int, Range(ge=1)] = 16,
+        seed: int = 0,
+    ):
+        self.paths = None if paths is None else [str(p) for p in paths]
+        self.extensions = list(extensions)
+        self.tokenizer_kind, self.bpe_vocab_size = tokenizer, bpe_vocab_size
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.doc_mask, self.max_bytes = doc_mask, max_bytes
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+
+    @classmethod
+    def check(cls, params: dict[str, Any], ctx: Any) -> list[str]:
+        problems = [
+            f"extensions: {e!r} must start with a dot. Fix: write '.{e}'." for e in params["extensions"] if e[:1] != "."
+        ]
+        if params["val_fraction"] + params["test_fraction"] >= 1:
+            problems.append(
+                f"val_fraction + test_fraction = {params['val_fraction'] + params['test_fraction']:g} leaves no "
+                "document for training. Fix: make their sum < 1 (e.g. 0.05 each)."
+            )
+        return problems + discover(params["paths"], params["extensions"])[1]
+
+    def documents(self) -> tuple[dict[str, Any], str, str, dict[str, Any]]:
+        from datasets import Dataset, Features, Value
+
+        found, problems = discover(self.paths, self.extensions)
+        if problems:
+            raise ConfigError(problems)
+        chosen = self._assign(found)
+        entries, docs = [], {}
+        for name in SPLITS:
+            if not chosen[name]:
+                raise ConfigError(
+                    f"data=text: no document falls in the {name} split ({len(found)} documents, val_fraction="
+                    f"{self.val_fraction}, test_fraction={self.test_fraction}). Fix: pass more files or raise "
+                    "the fractions."
+                )
+            split_entries = []
+            for key, path in chosen[name]:
+                data = path.read_bytes()
+                split_entries.append({"path": key, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+            kwargs = {
+                "keys": tuple(e["path"] for e in split_entries),
+                "files": tuple(str(p) for _, p in chosen[name]),
+                "sha256": tuple(e["sha256"] for e in split_entries),
+            }
+            docs[name] = Dataset.from_generator(
+                _read_documents,
+                features=Features({"path": Value("string"), "text": Value("binary")}),
+                gen_kwargs=kwargs,
+                split=name,
+                fingerprint=short_hash("text-documents", name, kwargs["keys"], kwargs["sha256"]),
+            )
+            entries += [{**e, "split": name} for e in split_entries]
+        corpus = {
+            "source": "text",
+            "roots": [str(stdlib_root())] if self.paths is None else [str(Path(p).expanduser()) for p in self.paths],
+            "python": sys.version.split()[0],
+            "extensions": self.extensions,
+            "seed": self.seed,
+            "max_bytes": self.max_bytes,
+            "total_bytes": sum(e["bytes"] for e in entries),
+            "files": entries,
+        }
+        corpus_fp = short_hash([(e["path"], e["sha256"], e["split"]) for e in entries])
+        return docs, "text", corpus_fp, corpus
+
+    def _assign(self, found: list[tuple[str, Path]]) -> dict[str, list[tuple[str, Path]]]:
+        """Split by a hash of the key, order by a seeded hash, then apply ``max_bytes`` per split."""
+        chosen: dict[str, list[tuple[str, Path]]] = {name: [] for name in SPLITS}
+        for key, path in found:
+            u = _unit(key)  # test takes [0, test), validation [test, test + val), train the rest
+            name = "test" if u < self.test_fraction else "train"
+            if name == "train" and u < self.test_fraction + self.val_fraction:
+                name = "validation"
+            chosen[name].append((key, path))
+        for docs in chosen.values():
+            docs.sort(key=lambda d: _unit(f"{self.seed}:{d[0]}"))
+        if self.max_bytes is None:
+            return chosen
+        share = {"validation": self.val_fraction, "test": self.test_fraction}
+        for name, docs in chosen.items():
+            budget, kept, used = self.max_bytes * share.get(name, 1 - self.val_fraction - self.test_fraction), [], 0
+            for key, path in docs:
+                if used + (size := path.stat().st_size) <= budget:
+                    kept.append((key, path))
+                    used += size
+            chosen[name] = kept or sorted(docs, key=lambda d: d[1].stat().st_size)[:1]
+        return chosen
