@@ -25,6 +25,7 @@ def data_info(source: DataSource) -> dict[str, Any]:
         "pad_id": source.pad_id,
         "eos_id": source.eos_id,
         "fingerprint": source.fingerprint,
+        "tokenizer": source.tokenizer_state(),
     }
 
 

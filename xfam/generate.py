@@ -18,7 +18,7 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(-1) - probs > top_p  # mass before this token already reaches top_p
+        drop = probs.cumsum(-1) - probs >= top_p  # mass before this token already reaches top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,18 @@ log = logging.getLogger("xfam")
 
 
 def dirname(overrides: str) -> str:
-    """A run directory name from Hydra's override_dirname: safe characters, bounded length."""
-    name = overrides.replace("/", "_").replace(" ", "") or "default"
-    if len(name) > 120:
-        name = name[:80] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
+    """A run directory name from Hydra's override_dirname (``pos:alibi+model:small``): only characters
+    that a path can carry unquoted in a Hydra override; long values (paths) become a short hash, so
+    every key stays readable; a bounded length."""
+    items = []
+    for item in overrides.split("+") if overrides else []:
+        key, sep, value = item.partition(":")
+        if len(value) > 24:
+            value = "h" + hashlib.sha1(value.encode()).hexdigest()[:8]
+        items.append(re.sub(r"[^A-Za-z0-9_.\-:@%]", "_", key + sep + value))
+    name = "+".join(items) or "default"
+    if len(name) > 160:
+        name = name[:140] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
     return name
 
 

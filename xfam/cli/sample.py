@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from xfam.build import build_data
+from xfam.data.tokenize import tokenizer_from_state
 from xfam.errors import ConfigError
 from xfam.generate import generate
 from xfam.lit.checkpoint import load_model
@@ -14,8 +14,14 @@ from xfam.lit.checkpoint import load_model
 
 def sample(args: argparse.Namespace) -> None:
     model, meta = load_model(args.ckpt, args.device)
-    source = build_data(meta["config"])  # the tokenizer only: no data is prepared
-    ids = source.encode(args.prompt)
+    state = meta["data_info"].get("tokenizer")
+    if state is None:
+        raise ConfigError(
+            f"{args.ckpt} was trained on data={meta['data_info']['name']}, which has no text tokenizer. "
+            f"Fix: generate from a model trained on text (data=text or data=hf); evaluate this one with `xfam eval`."
+        )
+    tokenizer = tokenizer_from_state(state)  # from the checkpoint: no data needed
+    ids = tokenizer.encode(args.prompt)
     if not ids:
         raise ConfigError("the prompt is empty. Fix: pass prompt=<text>, e.g. prompt='def '.")
     limit = model.spec.max_len if model.pos.bounded else None
@@ -36,7 +42,7 @@ def sample(args: argparse.Namespace) -> None:
         generator=gen,
     )
     for row in tokens.tolist():
-        print(source.decode(row))
+        print(tokenizer.decode(row))
         print("-" * 40)
     if args.check:
         with torch.no_grad():

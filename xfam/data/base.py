@@ -75,12 +75,10 @@ class DataSource(Component):
         """The prepared ``datasets.Dataset`` of one split, torch-formatted."""
         raise NotImplementedError  # abstract
 
-    def encode(self, text: str) -> list[int]:
-        """Text to token ids (text sources only; used by ``xfam generate``)."""
-        raise NotImplementedError(f"data={self.registry_name} has no text tokenizer")  # abstract
-
-    def decode(self, ids: list[int]) -> str:
-        raise NotImplementedError(f"data={self.registry_name} has no text tokenizer")  # abstract
+    def tokenizer_state(self) -> dict[str, Any] | None:
+        """The text tokenizer as plain data (``xfam.data.tokenize.tokenizer_from_state`` rebuilds
+        it), stored in checkpoints so ``xfam generate`` needs no data; None for synthetic tasks."""
+        return None
 
     def collate(self, rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
         """Rows of one split to a batch (see the module docstring)."""

@@ -197,6 +197,10 @@ class PackedLM(DataSource):
         self.split("train")
         return self.tokenizer.decode(ids)
 
+    def tokenizer_state(self) -> dict[str, Any]:
+        self.split("train")
+        return self.tokenizer.state()
+
     def unigram_entropy_bits(self, name: str) -> float:
         """Byte-unigram entropy (bits per byte) of one prepared split; see ``unigram_entropy_bits``."""
         id_bytes = None if self.tokenizer.config["kind"] == "byte" else self.tokenizer.id_bytes()

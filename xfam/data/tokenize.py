@@ -58,6 +58,10 @@ class ByteTokenizer:
         self.config: dict[str, Any] = {"kind": "byte", "vocab_size": 257}
         self.token_bytes = [1] * 256 + [0]
 
+    def state(self) -> dict[str, Any]:
+        """Everything needed to rebuild this tokenizer (kept in checkpoints)."""
+        return {"kind": "byte"}
+
     def id_bytes(self) -> list[bytes]:
         return [bytes([i]) for i in range(256)] + [b""]
 
@@ -88,17 +92,25 @@ def bytes_to_unicode() -> dict[int, str]:
 class BPETokenizer:
     """A trained byte-level BPE (``tokenizers``); ``<eos>`` is id 0 and is never read from text."""
 
-    def __init__(self, path: Path):
+    def __init__(self, json_text: str):
         from tokenizers import Tokenizer
 
-        self.path = path
-        self._tok = Tokenizer.from_file(str(path))
+        self.json = json_text
+        self._tok = Tokenizer.from_str(json_text)
         self._tok.encode_special_tokens = True  # a literal "<eos>" in a document stays text
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_id = self._tok.token_to_id(EOS)
         self.token_bytes = [len(b) for b in self.id_bytes()]
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        digest = hashlib.sha256(json_text.encode()).hexdigest()[:16]
         self.config = {"kind": "bpe", "vocab_size": self.vocab_size, "sha256": digest}
+
+    @classmethod
+    def load(cls, path: Path) -> BPETokenizer:
+        return cls(path.read_text())
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to rebuild this tokenizer without the data (kept in checkpoints)."""
+        return {"kind": "bpe", "json": self.json}
 
     def id_bytes(self) -> list[bytes]:
         to_byte = {c: b for b, c in bytes_to_unicode().items()}
@@ -142,7 +154,7 @@ def train_bpe(texts: Iterator[str | bytes], vocab_size: int, path: Path) -> BPET
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tok.save(str(tmp))
     tmp.replace(path)
-    return BPETokenizer(path)
+    return BPETokenizer.load(path)
 
 
 def build_tokenizer(
@@ -153,5 +165,10 @@ def build_tokenizer(
         return ByteTokenizer()
     path = cache_root() / "tokenizers" / f"bpe-{corpus_fingerprint}-{bpe_vocab_size}.json"
     if path.exists():
-        return BPETokenizer(path)
+        return BPETokenizer.load(path)
     return train_bpe(iter(train_texts), bpe_vocab_size, path)
+
+
+def tokenizer_from_state(state: dict[str, Any]) -> ByteTokenizer | BPETokenizer:
+    """The tokenizer described by ``state()`` (from a checkpoint): no data needed."""
+    return ByteTokenizer() if state["kind"] == "byte" else BPETokenizer(state["json"])

@@ -24,9 +24,12 @@ from torch import Tensor
 from xfam.build import build_model
 from xfam.lit.checkpoint import metadata
 from xfam.lit.optim import make_optimizer
+from xfam.logs import quiet_lightning
 from xfam.metrics import batch_stats, summarize
 from xfam.model.transformer import ModelOutput
 from xfam.specs import OptimSpec
+
+quiet_lightning()  # also in ddp_spawn's worker processes, which import this module afresh
 
 
 def rng_state() -> dict[str, Any]:

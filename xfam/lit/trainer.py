@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,8 @@ def make_loggers(spec: LoggerSpec, run_dir: Path, name: str) -> list[Any]:
         log.info("wandb: mode %s (%s)", mode, why)
         id_file = run_dir / "wandb_id.txt"  # a resumed run continues the same wandb run
         if not id_file.exists():
-            import wandb
-
-            id_file.write_text(wandb.util.generate_id())
+            run_dir.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(secrets.token_hex(4))
         out.append(
             loggers.WandbLogger(
                 project=spec.project,

@@ -1,0 +1,131 @@
+"""Every config option composes and validates; YAMLs and signatures stay one source of truth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.helpers import CONFIG_DIR, compose_cfg
+from xfam.cli.hydra_app import config_groups, precheck
+from xfam.config import SLOTS, validate
+from xfam.errors import ConfigError
+from xfam.model.spec import ModelSpec
+from xfam.registry import defaults_of
+from xfam.specs import CallbacksSpec, LoggerSpec, OptimSpec, RunSpec
+
+GROUPS = config_groups()
+OPTIONS = [(g, o) for g, opts in GROUPS.items() for o in opts if g not in ("hparams_search",)]
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes_and_validates(group: str, option: str) -> None:
+    cfg = compose_cfg([f"{group}={option}"])
+    validate(cfg)
+
+
+def _xfam_classes(registry):
+    return {n: c for n, c in registry.items() if c.__module__.startswith("xfam.")}
+
+
+@pytest.mark.parametrize("slot", sorted(SLOTS))
+def test_slot_yamls_and_registry_are_a_bijection_with_equal_defaults(slot: str) -> None:
+    classes = _xfam_classes(SLOTS[slot])
+    yamls = {p.stem: yaml.safe_load(p.read_text()) for p in (CONFIG_DIR / slot).glob("*.yaml")}
+    assert set(yamls) == set(classes), "every YAML needs a registered class and every class a YAML"
+    for name, cls in classes.items():
+        expected = {"name": name, **{k: list(v) if isinstance(v, tuple) else v for k, v in defaults_of(cls).items()}}
+        assert yamls[name] == expected, f"configs/{slot}/{name}.yaml must mirror {cls.__name__}'s signature"
+
+
+def test_model_presets_name_every_field() -> None:
+    fields = set(defaults_of(ModelSpec, skip=()))
+    for path in (CONFIG_DIR / "model").glob("*.yaml"):
+        preset = yaml.safe_load(path.read_text())
+        assert set(preset) == fields, path.name
+        assert preset["name"] == path.stem
+
+
+@pytest.mark.parametrize(
+    ("group", "spec", "varying"),
+    [("optim", OptimSpec, set()), ("logger", LoggerSpec, {"name"}), ("callbacks", CallbacksSpec, set())],
+)
+def test_section_yamls_mirror_their_spec(group: str, spec: type, varying: set[str]) -> None:
+    defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in defaults_of(spec, skip=()).items()}
+    for path in (CONFIG_DIR / group).glob("*.yaml"):
+        data = yaml.safe_load(path.read_text())
+        assert {k: v for k, v in data.items() if k not in varying} == {
+            k: v for k, v in defaults.items() if k not in varying
+        }, path.name
+
+
+def test_train_yaml_top_level_mirrors_run_spec() -> None:
+    top = yaml.safe_load((CONFIG_DIR / "train.yaml").read_text())
+    run = {k: v for k, v in top.items() if k in defaults_of(RunSpec, skip=())}
+    assert run == defaults_of(RunSpec, skip=())
+
+
+def test_optuna_search_and_slurm_launcher_compose(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["hparams_search=optuna"], return_hydra_config=True)
+        assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper")
+        assert cfg.optimized_metric == "val/loss"
+        cfg = compose("train", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+        assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+        assert cfg.hydra.launcher.tasks_per_node == cfg.hydra.launcher.gpus_per_node
+    GlobalHydra.instance().clear()
+
+
+def test_fsdp_and_gpu_trainers_compose_for_gpus() -> None:
+    for option in ("gpu", "ddp", "fsdp"):
+        cfg = compose_cfg([f"trainer={option}"])
+        assert cfg["trainer"]["accelerator"] == "gpu" and cfg["trainer"]["precision"] == "bf16-mixed"
+    assert compose_cfg(["trainer=fsdp"])["trainer"]["strategy"] == "fsdp"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["attention=vanila"], ["attention: unknown value 'vanila'", "Did you mean 'vanilla'", "Valid choices"]),
+        (["pos=alibbi"], ["Did you mean 'alibi'", "rope", "Fix: pass pos="]),
+        (["model.widht=3"], ["model: unknown key 'widht'", "Valid keys", "dim"]),
+        (["trainer.max_step=3"], ["Did you mean 'max_steps'"]),
+        (["model.heads=3"], ["model.heads=3 does not divide model.dim=128", "Fix: choose heads among"]),
+        (["model.layers=-2"], ["model.layers=-2: must be > 0"]),
+        (["model.norm=batchnorm"], ["model.norm='batchnorm': must be one of 'layernorm', 'rmsnorm'"]),
+        (
+            ["pos=learned", "model.max_len=64", "data.seq_len=128"],
+            ["longer than the learned position table", "pos=rope"],
+        ),
+        (["data.paths=[/no/such/dir]"], ["does not exist"]),
+        (["trainer.precision=16-mixed"], ["needs a GPU"]),
+        (["attention.backend=flash"], ["attention.backend='flash': must be one of 'auto', 'sdpa', 'torch'"]),
+        (["-m", "pos=rope,alibbi"], ["Did you mean 'alibi'"]),
+        (["pos=alibi", "pos.num_heads=9"], ["num_heads=9 exceeds model.heads=4"]),
+        (["pos.num_heads=2"], ["pos: unknown key 'num_heads'", "Valid keys: base"]),
+    ],
+)
+def test_precheck_names_the_problem_and_the_fix(args: list[str], expected: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        precheck(args)
+    for text in expected:
+        assert text in str(err.value), f"{text!r} not in:\n{err.value}"
+
+
+def test_precheck_lists_every_problem_of_a_sweep_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        precheck(["-m", "model.heads=3,5", "optim.lr=-1"])
+    msg = str(err.value)
+    assert "model.heads=3" in msg and "model.heads=5" in msg and "optim.lr=-1" in msg
+    assert msg.startswith(f"{len(err.value.problems)} configuration problems")
+
+
+def test_precheck_accepts_valid_command_lines() -> None:
+    precheck([])
+    precheck(["-m", "pos=none,sinusoidal,learned,rope,alibi"])
+    precheck(["hparams_search=optuna"])

@@ -1,0 +1,34 @@
+"""Run directory names and the multirun summary table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from xfam.cli.hydra_app import dirname
+from xfam.hydra_callbacks import summarize, write_tables
+
+
+def test_dirname_is_deterministic_readable_and_usable_unquoted_in_an_override() -> None:
+    assert dirname("") == "default"
+    name = dirname("data.paths:[/some/long/path/to/a/corpus/folder]+model:small+pos:alibi")
+    assert name == dirname("data.paths:[/some/long/path/to/a/corpus/folder]+model:small+pos:alibi")
+    assert name.startswith("data.paths:h") and name.endswith("+model:small+pos:alibi")
+    assert dirname("data.paths:[/x]") != dirname("data.paths:[/y]")
+    (ov,) = OverridesParser.create().parse_overrides([f"ckpt_path=runs/default/{name}/checkpoints/last.ckpt"])
+    assert ov.value() == f"runs/default/{name}/checkpoints/last.ckpt"
+    assert len(dirname("+".join(f"k{i}:{i}" for i in range(100)))) <= 160
+
+
+def test_summary_has_one_row_per_finished_job(tmp_path: Path) -> None:
+    for name, loss in (("pos:rope", 1.5), ("pos:alibi", 1.25)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps({"step": 10, "val/loss": loss}))
+    (tmp_path / "pos:failed").mkdir()  # a job that died wrote no metrics
+    rows = summarize(tmp_path)
+    assert [r["run"] for r in rows] == ["pos:alibi", "pos:rope"]
+    csv_path, md_path = write_tables(rows, tmp_path)
+    assert csv_path.read_text().splitlines()[0] == "run,step,val/loss"
+    assert "| pos:alibi | 10 | 1.25 |" in md_path.read_text()
