@@ -96,14 +96,20 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
         log.info("run directory: %s%s", run_dir, f" (resuming from {ckpt})" if ckpt else "")
         log.info(describe(cfg, module, source))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        done = trainer.callback_metrics  # after ddp_spawn only these come back to this process
+        result: dict[str, Any] = {
+            "step": int(done["steps_done"]) if "steps_done" in done else trainer.global_step,
+            **{k: float(v) for k, v in done.items() if k.startswith("val/")},
+            "train/tokens_per_s": float(done["train/tokens_per_s_median"])
+            if "train/tokens_per_s_median" in done
+            else None,
+        }
+        if "val/loss" not in result:  # e.g. resumed at max_steps: nothing trained, still report
+            trainer.validate(module, datamodule=datamodule, verbose=False)
+            result.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
         if cfg.get("test", True):
             trainer.test(module, datamodule=datamodule, verbose=False)
-            metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")})
-        done = trainer.callback_metrics  # after ddp_spawn only these come back to this process
-        step = int(done["steps_done"]) if "steps_done" in done else trainer.global_step
-        throughput = float(done["train/tokens_per_s_median"]) if "train/tokens_per_s_median" in done else None
-        result = {"step": step, **metrics, "train/tokens_per_s": throughput}
+            result.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")})
         finish(trainer, run_dir, result)
     finally:
         if handler is not None:

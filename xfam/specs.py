@@ -103,7 +103,8 @@ class CallbacksSpec:
         keep_last: periodic checkpoints to keep (-1: all).
         save_best: also keep ``best.ckpt`` by ``monitor`` (lowest).
         monitor: metric for the best checkpoint.
-        progress_bar: ``rich``, ``tqdm`` or ``none``.
+        progress_bar: ``rich``, ``tqdm`` or ``none``; when stdout is not a terminal (a batch job's
+            log) a line every 30 s replaces the live bar.
         lr_monitor: log the learning rate.
         loss_curve: write ``loss_curve.png`` in the run directory at the end of training.
     """

@@ -62,10 +62,25 @@ def listing() -> str:
     return "\n".join(lines)
 
 
+def _caps_short(cls: type, registry: Registry) -> str:
+    """Capabilities in a few words: the flags that are on, and the values that are not flags."""
+    out = []
+    for c in capabilities(registry):
+        v = getattr(cls, c)
+        if v is True:
+            out.append(c)
+        elif v not in (False, None, ()) and not isinstance(v, bool):
+            out.append(f"{c}={_fmt(v)}")
+    return ", ".join(out) or "—"
+
+
 def markdown_table() -> str:
-    """The README's slot table."""
-    out = ["| slot | component | method | parameters (defaults) |", "|---|---|---|---|"]
-    for slot, name, cls, _ in _rows():
+    """The README's slot table (``xfam list --markdown``): xfam's own components."""
+    out = ["| slot | component | method | parameters (defaults) | capabilities |", "|---|---|---|---|---|"]
+    for slot, name, cls, reg in _rows():
+        if not cls.__module__.startswith("xfam."):
+            continue
         params = ", ".join(f"`{k}={_fmt(v)}`" for k, v in defaults_of(cls).items()) or "—"
-        out.append(f"| {slot} | `{name}` | {summary(cls)} | {params} |")
+        text = summary(cls).replace("``", "`").replace("|", "\\|")
+        out.append(f"| {slot} | `{name}` | {text} | {params} | {_caps_short(cls, reg)} |")
     return "\n".join(out)

@@ -11,20 +11,54 @@ import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 
+from xfam.logs import log
+
 
 class StepProgressBar(RichProgressBar):
-    """Rich progress bar that counts optimizer steps against ``max_steps`` (runs here are sized
-    in steps, so Lightning's "Epoch 0/-2" would say nothing) and hides the logger version."""
+    """Rich progress bar without Lightning's "Epoch 0/-2" (runs here are sized in steps; the bar
+    counts them) and without the logger version."""
 
     def _get_train_description(self, current_epoch: int) -> str:
-        steps = self.trainer.max_steps
-        total = f"/{steps}" if steps and steps > 0 else ""
-        return f"Epoch {current_epoch} · step {self.trainer.global_step}{total}".ljust(len(self.validation_description))
+        return f"Epoch {current_epoch}".ljust(len(self.validation_description))
 
     def get_metrics(self, trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, module)
         items.pop("v_num", None)
         return items
+
+
+class LogProgress(L.Callback):
+    """Progress for logs (stdout not a terminal, e.g. a SLURM job): one line every ``every_s``
+    seconds with the step, the latest losses, throughput and the time left."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s = every_s
+        self._start = self._last = 0.0
+        self._first_step = 0
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._start = self._last = time.perf_counter()
+        self._first_step = trainer.global_step
+
+    @rank_zero_only
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        done = trainer.global_step - self._first_step
+        if now - self._last < self.every_s and trainer.global_step != trainer.max_steps:
+            return
+        self._last = now
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        eta = (now - self._start) / max(done, 1) * (total - trainer.global_step) if total else None
+        m = trainer.callback_metrics
+        parts = [f"step {trainer.global_step}" + (f"/{total}" if total else "")]
+        parts += [f"{k} {float(m[k]):.4f}" for k in ("train/loss", "val/loss", "val/bpb") if k in m]
+        if "train/tokens_per_s" in m:
+            parts.append(f"{float(m['train/tokens_per_s']):,.0f} tokens/s")
+        if eta is not None:
+            parts.append(f"{eta / 60:.1f} min left")
+        log.info("  ".join(parts))
 
 
 class Throughput(L.Callback):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import netrc
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import lightning as L
 from lightning.pytorch import callbacks as cb
 from lightning.pytorch import loggers
 
-from xfam.lit.callbacks import LossCurve, StepProgressBar, Throughput
+from xfam.lit.callbacks import LogProgress, LossCurve, StepProgressBar, Throughput
 from xfam.lit.checkpoint import AtomicCheckpointIO
 from xfam.logs import log, quiet_lightning
 from xfam.specs import CallbacksSpec, LoggerSpec
@@ -87,7 +88,10 @@ def make_callbacks(spec: CallbacksSpec, run_dir: Path) -> list[L.Callback]:
         )
     if spec.lr_monitor:
         out.append(cb.LearningRateMonitor(logging_interval="step"))
-    if spec.progress_bar == "rich":
+    if spec.progress_bar != "none" and not sys.stdout.isatty():
+        log.info("progress: stdout is not a terminal, so a line every 30 s instead of a live bar")
+        out.append(LogProgress())
+    elif spec.progress_bar == "rich":
         out.append(StepProgressBar(leave=True))
     elif spec.progress_bar == "tqdm":
         out.append(cb.TQDMProgressBar())
@@ -101,7 +105,7 @@ def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (
     quiet_lightning()
     cbs = CallbacksSpec(**cfg["callbacks"])
     trainer_kw = dict(cfg["trainer"])
-    if cbs.progress_bar == "none":
+    if cbs.progress_bar == "none" or not sys.stdout.isatty():
         trainer_kw["enable_progress_bar"] = False
     return L.Trainer(
         **trainer_kw,
