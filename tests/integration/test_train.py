@@ -103,8 +103,9 @@ def test_every_pos_trains_and_checkpoints(pos: str, corpus: Path, tmp_path: Path
             "attention.backend=torch",
             "optim.schedule=linear",
         ],
+        ["loader.streams=true", "data.doc_mask=true", "pos=alibi", "trainer.accumulate_grad_batches=2"],
     ],
-    ids=["listops", "duplication", "assoc_recall", "options"],
+    ids=["listops", "duplication", "assoc_recall", "options", "streams-docmask-accumulate"],
 )
 def test_tasks_and_model_options_train(overrides: list[str], corpus: Path, tmp_path: Path) -> None:
     data = [] if overrides[0].startswith("data=") else text_data(corpus)

@@ -1,0 +1,56 @@
+"""Checkpoint writing is atomic; reading refuses what is not a whole xfam checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from xfam.errors import ConfigError
+from xfam.lit import checkpoint
+from xfam.lit.checkpoint import AtomicCheckpointIO, architecture_diff
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+
+    def dying_save(obj, f, *args, **kwargs):
+        f.write(b"partial bytes of a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_read_refuses_truncated_and_foreign_files(tmp_path: Path) -> None:
+    good = tmp_path / "good.ckpt"
+    torch.save({"xfam": {"config_version": checkpoint.CONFIG_VERSION}, "state_dict": {}}, good)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(good.read_bytes()[:40])
+    with pytest.raises(ConfigError, match="cannot be read"):
+        checkpoint.read(truncated)
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(ConfigError, match="not an xfam checkpoint"):
+        checkpoint.read(foreign)
+    newer = tmp_path / "newer.ckpt"
+    torch.save({"xfam": {"config_version": checkpoint.CONFIG_VERSION + 1}}, newer)
+    with pytest.raises(ConfigError, match="newer xfam"):
+        checkpoint.read(newer)
+    with pytest.raises(ConfigError, match="does not exist"):
+        checkpoint.read(tmp_path / "missing.ckpt")
+    assert checkpoint.read(good)["state_dict"] == {}
+
+
+def test_architecture_diff_names_the_changed_keys() -> None:
+    a = {"model": {"dim": 32, "heads": 2}, "pos": {"name": "rope"}, "optim": {"lr": 1.0}}
+    b = {"model": {"dim": 64, "heads": 2}, "pos": {"name": "alibi"}, "optim": {"lr": 2.0}}
+    assert architecture_diff(a, b) == ["model.dim: 32 -> 64", "pos.name: 'rope' -> 'alibi'"]
+    assert architecture_diff(a, a) == []
