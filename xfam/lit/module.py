@@ -24,7 +24,7 @@ from torch import Tensor
 from xfam.build import build_model
 from xfam.lit.checkpoint import metadata
 from xfam.lit.optim import make_optimizer
-from xfam.logs import quiet_lightning
+from xfam.logs import log_once, quiet_lightning
 from xfam.metrics import batch_stats, summarize
 from xfam.model.transformer import ModelOutput
 from xfam.specs import OptimSpec
@@ -139,7 +139,12 @@ class XfamLitModule(L.LightningModule):
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:
         spec = OptimSpec(**self.config["optim"])
-        return make_optimizer(self.model, spec, int(self.trainer.estimated_stepping_batches))
+        full_precision = str(self.trainer.precision) in ("32-true", "64-true", "32", "64")
+        if full_precision:
+            log_once("optimizer: fused AdamW (full precision)")
+        else:
+            log_once(f"optimizer: AdamW without the fused kernel (precision {self.trainer.precision})")
+        return make_optimizer(self.model, spec, int(self.trainer.estimated_stepping_batches), fused=full_precision)
 
     # -- exact resume ----------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

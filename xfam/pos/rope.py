@@ -18,11 +18,6 @@ from xfam.pos.base import POS, PositionalEncoding
 from xfam.registry import Positive
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 @POS.register("rope")
 class Rope(PositionalEncoding):
     """Rotary embedding of q and k in every layer.
@@ -49,10 +44,14 @@ class Rope(PositionalEncoding):
         return []
 
     def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``cos [S, Dh]`` and the signed sine ``[-sin | sin]``, so that ``rotate`` is one fused
+        multiply-add on the swapped halves (the sign of ``rotate_half`` is folded into the table)."""
         angles = positions.to(self.inv_freq)[:, None] * self.inv_freq[None, :]  # [S, Dh/2]
-        angles = torch.cat((angles, angles), dim=-1)  # [S, Dh]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = angles.cos(), angles.sin()
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
     def rotate(self, x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
-        cos, sin = tables  # [S, Dh], broadcast over [B, H, S, Dh]
-        return x * cos + rotate_half(x) * sin
+        cos, signed_sin = tables  # [S, Dh], broadcast over [B, H, S, Dh]
+        x1, x2 = x.chunk(2, dim=-1)
+        # x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = [x2 | x1] * [-sin | sin]
+        return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), signed_sin)

@@ -1,0 +1,1 @@
+"""Pieces of scripts/bench_train.py: the benchmark shape, the workers, the report."""
