@@ -21,7 +21,7 @@ LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.95), 1e-8, 0.1
 MATMUL_N = 2048
 #: Everything after this line of the markdown report is hand-written and kept when it is rewritten.
 NOTES_MARKER = "<!-- hand-written notes: everything below this line is kept when bench_train.py rewrites the file -->"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def flops_per_step() -> dict[str, float]:
