@@ -45,9 +45,10 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
     return ckpt_path
 
 
-def check_resume(ckpt: str, cfg: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose architecture differs from the config's."""
-    meta = checkpoint.read(ckpt)["xfam"]
+def check_resume(ckpt: str, cfg: dict[str, Any]) -> int:
+    """Refuse a checkpoint whose architecture differs from the config's; returns its step."""
+    saved = checkpoint.read(ckpt)
+    meta = saved["xfam"]
     diff = checkpoint.architecture_diff(meta["config"], cfg)
     if diff:
         raise ConfigError(
@@ -55,6 +56,7 @@ def check_resume(ckpt: str, cfg: dict[str, Any]) -> None:
             + "\n  ".join(diff)
             + "\nFix: resume with the checkpoint's settings, or start a fresh run (ckpt_path=null, another name)."
         )
+    return int(saved.get("global_step", 0))
 
 
 def describe(cfg: dict[str, Any], module: L.LightningModule, source: Any) -> str:
@@ -81,8 +83,7 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
     validate(cfg)
     run_dir = Path(run_dir)
     ckpt = resolve_checkpoint(cfg.get("ckpt_path"), run_dir)
-    if ckpt is not None:
-        check_resume(ckpt, cfg)
+    resumed_at = check_resume(ckpt, cfg) if ckpt is not None else 0
     L.seed_everything(cfg["seed"], workers=True, verbose=False)
     source = build_data(cfg)
     source.prepare()
@@ -93,7 +94,11 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
     trainer = make_trainer(cfg, run_dir, callbacks or [])
     handler = write_record(run_dir, cfg, source)
     try:
-        log.info("run directory: %s%s", run_dir, f" (resuming from {ckpt})" if ckpt else "")
+        log.info("run directory: %s", run_dir)
+        if ckpt is not None:
+            max_steps = cfg["trainer"].get("max_steps", -1)
+            done = " (max_steps reached: nothing left to train, evaluating)" if 0 < max_steps <= resumed_at else ""
+            log.info("resuming from %s at step %d%s", ckpt, resumed_at, done)
         log.info(describe(cfg, module, source))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         done = trainer.callback_metrics  # after ddp_spawn only these come back to this process
