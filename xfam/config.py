@@ -8,6 +8,7 @@ all, each with the fix. It reads signatures and class attributes only: no data, 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -120,7 +121,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
     problems += check_params(LoggerSpec, cfg["logger"], "logger", structural=())
     problems += check_params(CallbacksSpec, cfg["callbacks"], "callbacks", structural=())
     problems += check_trainer(cfg["trainer"])
-    if (ckpt := cfg.get("ckpt_path")) not in (None, "auto") and not _exists(ckpt):
+    if (ckpt := cfg.get("ckpt_path")) not in (None, "auto") and not os.path.isfile(ckpt):
         problems.append(f"ckpt_path={ckpt!r}: no such file. Fix: give an existing checkpoint, or ckpt_path=auto.")
     if cfg["data"].get("name") not in DATA:
         problems.append(unknown_choice("data", cfg["data"].get("name"), DATA.names(), "pass data=<one of them>."))
@@ -161,9 +162,3 @@ def validate(cfg: Mapping[str, Any]) -> None:
             )
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
-
-
-def _exists(path: str) -> bool:
-    import os
-
-    return os.path.isfile(path)

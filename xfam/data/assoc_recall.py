@@ -84,18 +84,7 @@ class AssocRecall(GeneratedSource):
         batch_size: Annotated[int, Range(ge=1)] = 32,
         seed: int = 0,
     ):
-        self.params = {
-            "num_pairs": num_pairs,
-            "num_queries": num_queries,
-            "num_keys": num_keys,
-            "num_values": num_values,
-            "seq_len": seq_len,
-            "num_train": num_train,
-            "num_val": num_val,
-            "num_test": num_test,
-            "seed": seed,
-        }
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.keep_params(locals())
         self.vocab_size, self.pad_id = 1 + num_keys + num_values, PAD
 
     @classmethod

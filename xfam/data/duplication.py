@@ -70,15 +70,7 @@ class Duplication(GeneratedSource):
         batch_size: Annotated[int, Range(ge=1)] = 16,
         seed: int = 0,
     ):
-        self.params = {
-            "symbols": symbols,
-            "seq_len": seq_len,
-            "num_train": num_train,
-            "num_val": num_val,
-            "num_test": num_test,
-            "seed": seed,
-        }
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.keep_params(locals())
         self.vocab_size = symbols + 1
 
     @classmethod

@@ -171,17 +171,7 @@ class ListOps(GeneratedSource):
         batch_size: Annotated[int, Range(ge=1)] = 32,
         seed: int = 0,
     ):
-        self.params = {
-            "max_depth": max_depth,
-            "max_args": max_args,
-            "min_length": min_length,
-            "max_length": max_length,
-            "num_train": num_train,
-            "num_val": num_val,
-            "num_test": num_test,
-            "seed": seed,
-        }
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.keep_params(locals(), exclude=("seq_len",))
         self.vocab_size, self.num_classes, self.pad_id = len(TOKENS), 10, PAD
 
     @classmethod

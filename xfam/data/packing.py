@@ -221,6 +221,13 @@ class GeneratedSource(DataSource):
 
     id_column = "tokens"
 
+    def keep_params(self, args: dict[str, Any], exclude: tuple[str, ...] = ()) -> None:
+        """Store the constructor's ``locals()``: every argument but ``batch_size`` (and ``exclude``)
+        determines the generated data and enters ``self.params``, hence the fingerprint."""
+        args = {k: v for k, v in args.items() if k not in ("self", "__class__")}
+        self.seq_len, self.batch_size, self.seed = args["seq_len"], args.pop("batch_size"), args["seed"]
+        self.params = {k: v for k, v in args.items() if k not in exclude}
+
     def generate(self, generator: Callable[..., Iterator[dict]], params: dict[str, Any], features: Any) -> None:
         from datasets import Dataset
 
