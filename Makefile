@@ -25,7 +25,7 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed  ## create .venv: torch pinned first (TORCH=... to override), then xfam[dev]
 
-test: setup  ## the test suite (slow checks excluded), ~10 min on 2 cores
+test: setup  ## the test suite (slow checks excluded), ~3 min on 2 cores
 	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
 test-slow: setup  ## only the long checks (marked slow)
