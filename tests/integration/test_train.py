@@ -168,3 +168,9 @@ def test_resume_into_another_architecture_is_refused(corpus: Path, tmp_path: Pat
 def test_auto_without_checkpoint_starts_fresh(corpus: Path, tmp_path: Path) -> None:
     metrics = train(compose_cfg([*TINY, *text_data(corpus), "ckpt_path=auto"]), tmp_path / "new")
     assert metrics["step"] == 6
+
+
+def test_tensorboard_logger_writes_event_files_besides_csv(corpus: Path, tmp_path: Path) -> None:
+    train(compose_cfg([*TINY, *text_data(corpus), "logger=tensorboard"]), tmp_path)
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    assert step_losses(tmp_path)  # CSV metrics are written whatever the logger
