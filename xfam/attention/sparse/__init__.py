@@ -1,0 +1,16 @@
+"""The sparse attention engine shared by every pattern-based mechanism (see ``engine``)."""
+
+from xfam.attention.sparse.engine import block_sparse_attention, dense_sparse_attention, pattern_dense
+from xfam.attention.sparse.mechanism import SparseMechanism
+from xfam.attention.sparse.pattern import SparsePattern, band_layout, window_band, window_layout
+
+__all__ = [
+    "SparseMechanism",
+    "SparsePattern",
+    "band_layout",
+    "block_sparse_attention",
+    "dense_sparse_attention",
+    "pattern_dense",
+    "window_band",
+    "window_layout",
+]
