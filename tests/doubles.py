@@ -315,3 +315,21 @@ def decode_logits(
 def xfam_components(registry: Any) -> list[str]:
     """Names of the real components of a registry (the test doubles excluded)."""
     return [name for name, cls in registry.items() if cls.__module__.startswith("xfam.")]
+
+
+@ATTENTION.register("toy_aux")
+class ToyAux(AttentionMechanism):
+    """Dense attention that owns an auxiliary loss, ``weight * mean(q^2)``: proves the channel by
+    which mechanisms (adaptive span, routing) return their losses."""
+
+    def __init__(self, *, weight: float = 0.5) -> None:
+        super().__init__()
+        self.weight = weight
+        self._aux: dict[str, Tensor] = {}
+
+    def forward(self, q, k, v, mask, bias=None, modifier=None) -> Tensor:
+        self._aux = {"toy": self.weight * q.pow(2).mean()}
+        return reference_attention(q, k, v, mask, bias)
+
+    def aux_losses(self) -> dict[str, Tensor]:
+        return self._aux

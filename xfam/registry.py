@@ -23,8 +23,21 @@ from xfam.errors import ConfigError, close_matches, unknown_choice
 
 T = TypeVar("T")
 
-#: Sizes the model builder injects; a component receives the ones its signature names.
-STRUCTURAL = ("dim", "heads", "kv_heads", "head_dim", "max_len", "causal", "num_layers", "layer", "vocab_size")
+#: What the model builder injects; a component receives the ones its signature names. ``shared``
+#: is one dict per model, for components that share modules across layers (Linformer's
+#: layer-wise projections).
+STRUCTURAL = (
+    "dim",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "max_len",
+    "causal",
+    "num_layers",
+    "layer",
+    "vocab_size",
+    "shared",
+)
 #: Keys of a slot config that are not constructor parameters (see ``xfam.schedule``).
 RESERVED = ("name", "per_layer", "per_head")
 

@@ -45,6 +45,11 @@ class AttentionMechanism(nn.Module, Component):
     fixed_length: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)
 
+    def aux_losses(self) -> dict[str, Tensor]:
+        """Auxiliary losses of the last ``forward`` (e.g. an L1 span penalty), already weighted;
+        the model adds them to its output's ``aux`` as ``attention/<name>`` (summed over layers)."""
+        return {}
+
     @classmethod
     def exact_params(cls, seq_len: int) -> dict[str, Any]:
         """Parameters under which the mechanism equals dense softmax attention on sequences of

@@ -48,6 +48,13 @@ class HeadGroups(AttentionMechanism):
         ]
         return torch.cat(outs, dim=1)  # [B, H, Sq, Dh]
 
+    def aux_losses(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for member in self.members:
+            for k, v in member.aux_losses().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
     def decode(
         self,
         q: Tensor,

@@ -76,8 +76,10 @@ class XfamModel(nn.Module):
         self.num_layers = spec.layers
         n_blocks = self.exit.blocks_needed(spec.layers)
         attn_layers = per_layer(attention, spec.layers, "attention")
+        shared: dict[str, Any] = {}  # modules that components share across layers
         self.blocks = nn.ModuleList(
-            Block(spec, build_mechanism(attn_layers[i], struct, layer=i), layer=i) for i in range(n_blocks)
+            Block(spec, build_mechanism(attn_layers[i], {**struct, "shared": shared}, layer=i), layer=i)
+            for i in range(n_blocks)
         )
         self.memories = nn.ModuleList(
             MEMORY.build(cfg, **struct, layer=i) for i, cfg in enumerate(per_layer(memory, spec.layers, "memory"))
@@ -168,6 +170,8 @@ class XfamModel(nn.Module):
             )
             if states is not None:
                 states[step] = st
+            for k, val in self.blocks[step % len(self.blocks)].attn.mechanism.aux_losses().items():
+                aux[f"attention/{k}"] = aux.get(f"attention/{k}", 0.0) + val
             if new_mem is not None:
                 new_mem[step], losses = self.memories[step].write(memory[step], h)
                 for k, val in losses.items():
