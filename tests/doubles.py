@@ -322,6 +322,8 @@ class ToyAux(AttentionMechanism):
     """Dense attention that owns an auxiliary loss, ``weight * mean(q^2)``: proves the channel by
     which mechanisms (adaptive span, routing) return their losses."""
 
+    aux_loss = True
+
     def __init__(self, *, weight: float = 0.5) -> None:
         super().__init__()
         self.weight = weight

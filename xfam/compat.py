@@ -30,6 +30,7 @@ class Selection:
     exit: tuple[type[ExitPolicy], dict[str, Any]]
     causal: bool
     streams: bool = False
+    reversible: bool = False
 
     @property
     def has_memory(self) -> bool:
@@ -77,6 +78,31 @@ def _memory_reasons(mem: type[Memory], sel: Selection) -> list[str]:
     return out
 
 
+def _reversible_reasons(sel: Selection) -> list[str]:
+    """Reversible layers recompute the whole stack in one pass; what needs the ordinary graph or
+    per-layer states inside the stack cannot run with them."""
+    out = []
+    exit_cls = sel.exit[0]
+    if not exit_cls.full_stack:
+        alt = _alternatives("exit", lambda c: c.full_stack)
+        out.append(
+            f"model.reversible=true runs every layer in one recomputed pass, but exit={exit_cls.registry_name} "
+            f"traverses depth itself. Fix: {alt}, or model.reversible=false."
+        )
+    if sel.has_memory:
+        out.append(
+            "model.reversible=true cannot carry memory (memory reads and writes per-layer states inside the "
+            "stack). Fix: memory=none, or model.reversible=false."
+        )
+    for att, _, _ in sel.attention:
+        if att.aux_loss:
+            out.append(
+                f"attention={att.registry_name} returns an auxiliary loss, which needs the ordinary autograd graph "
+                f"that reversible layers do not keep. Fix: model.reversible=false, or another attention."
+            )
+    return out
+
+
 def _alternatives(slot: str, ok: Any) -> str:
     registry = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}[slot]
     names = [n for n, cls in registry.items() if ok(cls)]
@@ -102,6 +128,8 @@ def check(sel: Selection) -> list[str]:
         problems += mem.refusals(params, sel)
     problems += pos_cls.refusals(pos_params, sel)
     problems += sel.exit[0].refusals(sel.exit[1], sel)
+    if sel.reversible:
+        problems += _reversible_reasons(sel)
     return list(dict.fromkeys(problems))
 
 

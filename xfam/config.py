@@ -104,6 +104,7 @@ def _slot_problems(cfg: Mapping[str, Any], spec: ModelSpec, causal: bool) -> tup
         exit=(EXIT.get(cfg["exit"]["name"]), cfg["exit"]),
         causal=causal,
         streams=bool(cfg["loader"].get("streams", False)),
+        reversible=spec.reversible,
     )
     return [], sel
 

@@ -34,6 +34,7 @@ class AttentionMechanism(nn.Module, Component):
         hosts_modifiers: computes explicit scores, so a ``ScoreModifier`` can run inside it.
         accepts_memory: keys may include memory or cache in front of the queries.
         fixed_length: needs every sequence to have exactly ``max_len`` tokens.
+        aux_loss: returns auxiliary losses (``aux_losses``), which need a normal autograd graph.
         backends: the implementations behind ``backend`` (``auto`` picks, and logs once).
     """
 
@@ -43,6 +44,7 @@ class AttentionMechanism(nn.Module, Component):
     hosts_modifiers: ClassVar[bool] = False
     accepts_memory: ClassVar[bool] = True
     fixed_length: ClassVar[bool] = False
+    aux_loss: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)
 
     def aux_losses(self) -> dict[str, Tensor]:

@@ -41,10 +41,13 @@ class ExitPolicy(nn.Module, Component):
     Capabilities:
         wants_hidden_states: the policy keeps every layer's output (per-layer classifiers).
         early_exit: tokens may skip layers at inference (decode state must then be propagated).
+        full_stack: runs every layer once, in order, for every token (the plain stack), so the
+            model may replace the traversal (reversible layers run the stack in one pass).
     """
 
     wants_hidden_states: ClassVar[bool] = False
     early_exit: ClassVar[bool] = False
+    full_stack: ClassVar[bool] = False
 
     def blocks_needed(self, num_layers: int) -> int:
         """How many distinct blocks the model builds (1 for a weight-shared recurrent block)."""

@@ -13,6 +13,8 @@ from xfam.exit.base import EXIT, ExitOutput, ExitPolicy
 class FullDepth(ExitPolicy):
     """Runs layers 0..L-1 for all tokens; no auxiliary loss."""
 
+    full_stack = True
+
     def __init__(self) -> None:
         super().__init__()
 

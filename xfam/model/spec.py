@@ -34,6 +34,10 @@ class ModelSpec:
         pool: how a classifier pools the encoder: ``cls`` (first token) or ``mean`` (non-pad).
         init_std: std of the normal init; residual output projections use init_std/sqrt(2L)
             (GPT-2), so the residual stream does not grow with depth.
+        reversible: reversible residual layers (RevNet / Reformer): activations are recomputed
+            in the backward pass, so training memory does not grow with depth (pre-norm only).
+        ffn_chunks: run the FFN in this many chunks along the sequence (the Reformer's chunked
+            feed-forward; with ``reversible``).
     """
 
     name: str = "custom"
@@ -54,6 +58,8 @@ class ModelSpec:
     causal: bool | None = None
     pool: Literal["cls", "mean"] = "mean"
     init_std: Annotated[float, NonNegative] = 0.02
+    reversible: bool = False
+    ffn_chunks: Annotated[int, Positive] = 1
 
     @property
     def n_kv_heads(self) -> int:
@@ -78,6 +84,13 @@ class ModelSpec:
                 f"model.heads={self.heads} does not divide model.dim={self.dim}. Fix: choose heads among "
                 f"{[h for h in range(1, self.dim + 1) if self.dim % h == 0 and h <= 64]} or set model.head_dim."
             )
+        if self.reversible and self.norm_position != "pre":
+            out.append(
+                "model.reversible=true needs model.norm_position=pre (the reversible block inverts "
+                "x + f(norm(x)); a post-norm block is not invertible). Fix: model.norm_position=pre."
+            )
+        if self.ffn_chunks > 1 and not self.reversible:
+            out.append("model.ffn_chunks applies to reversible layers. Fix: model.reversible=true or ffn_chunks=1.")
         if self.heads % self.n_kv_heads:
             out.append(
                 f"model.kv_heads={self.kv_heads} does not divide model.heads={self.heads}. Fix: choose kv_heads among "

@@ -16,10 +16,11 @@ from torch import Tensor, nn
 from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState
 from xfam.attention.groups import HeadGroups
 from xfam.attention.mask import AttnMask
-from xfam.exit.base import EXIT
+from xfam.exit.base import EXIT, ExitOutput
 from xfam.memory.base import MEMORY, MemoryState
 from xfam.model.block import Block, LayerContext
 from xfam.model.layers import make_norm
+from xfam.model.reversible import reversible_stack
 from xfam.model.spec import ModelSpec
 from xfam.pos.base import POS
 from xfam.schedule import per_head, per_layer
@@ -178,7 +179,12 @@ class XfamModel(nn.Module):
                     aux[f"memory/{k}"] = aux.get(f"memory/{k}", 0.0) + val
             return out
 
-        res = self.exit(x, run_layer, self.num_layers, self.head_logits)
+        if self.spec.reversible:  # the whole stack in one recomputed pass (see xfam.model.reversible)
+            front = offset if cache is not None else 0
+            hidden = reversible_stack(x, self.blocks, lambda i: context(front), self.spec.ffn_chunks, states)
+            res = ExitOutput(hidden=hidden)
+        else:
+            res = self.exit(x, run_layer, self.num_layers, self.head_logits)
         aux.update({f"exit/{k}": val for k, val in res.aux.items()})
         logits = self.head_logits(res.hidden, key_padding)
         new_cache = DecodeCache(offset + s, states, cache_pad) if states is not None else None
