@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from tests.integration.helpers import CONFIG_DIR, compose_cfg
+from xfam.attention import ATTENTION
 from xfam.cli.hydra_app import config_groups, precheck
 from xfam.config import SLOTS, validate
 from xfam.errors import ConfigError
@@ -21,8 +22,10 @@ OPTIONS = [(g, o) for g, opts in GROUPS.items() for o in opts if g not in ("hpar
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_option_composes_and_validates(group: str, option: str) -> None:
-    cfg = compose_cfg([f"{group}={option}"])
-    validate(cfg)
+    overrides = [f"{group}={option}"]
+    if group == "attention" and not ATTENTION.get(option).causal:  # encoder-only: on a classification task
+        overrides.append("data=listops")
+    validate(compose_cfg(overrides))
 
 
 def _xfam_classes(registry):

@@ -1,6 +1,22 @@
 """The ``attention`` slot: how queries meet keys. Importing this package registers every mechanism."""
 
-from xfam.attention import local, vanilla  # noqa: F401  (registration)
+from xfam.attention import (
+    adaptive_span,
+    bigbird,
+    blockwise,
+    etc,
+    fixed,
+    linformer,
+    local,
+    longformer,
+    lsh,
+    performer,
+    rfa,
+    routing,
+    sinkhorn,
+    strided,
+    vanilla,
+)  # noqa: F401  (registration)
 from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, additive_mask, expand_kv
 from xfam.attention.mask import AttnMask
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState
 from xfam.attention.groups import HeadGroups
 from xfam.attention.mask import AttnMask
+from xfam.errors import ConfigError
 from xfam.exit.base import EXIT, ExitOutput
 from xfam.memory.base import MEMORY, MemoryState
 from xfam.model.block import Block, LayerContext
@@ -86,6 +87,10 @@ class XfamModel(nn.Module):
             MEMORY.build(cfg, **struct, layer=i) for i, cfg in enumerate(per_layer(memory, spec.layers, "memory"))
         )
         self.uses_memory = any(m.registry_name != "none" for m in self.memories)
+        # Auxiliary global tokens (ETC): learned inputs in front of every input, with their own states in
+        # every block, dropped before the head; layers whose mechanism asks for none see ordinary tokens.
+        self.aux_tokens = aux_token_count(self.blocks, self.uses_memory)
+        self.aux_embed = nn.Embedding(self.aux_tokens, spec.dim) if self.aux_tokens else None
         self.norm = make_norm(spec) if spec.norm_position == "pre" else nn.Identity()
         out_dim = vocab_size if task == "lm" else num_classes
         self.head = nn.Linear(spec.dim, out_dim, bias=task == "classify")
@@ -131,6 +136,10 @@ class XfamModel(nn.Module):
         offset = cache.length if cache is not None else 0
         positions = torch.arange(offset, offset + s, device=tokens.device)  # [S]
         x = self.drop(self.pos.embed(self.embed(tokens), positions))  # [B, S, D]
+        input_padding = key_padding
+        if self.aux_embed is not None:  # positions above are the input's own; masks cover [globals | input]
+            x, key_padding, segments = self._prepend_aux(x, key_padding, segments)
+            s = x.shape[1]  # G + S
         mems = [m.read(st) for m, st in zip(self.memories, memory, strict=True)] if memory is not None else None
         new_mem = list(memory) if memory is not None else None
         states = list(cache.layers) if cache is not None else None
@@ -186,13 +195,28 @@ class XfamModel(nn.Module):
         else:
             res = self.exit(x, run_layer, self.num_layers, self.head_logits)
         aux.update({f"exit/{k}": val for k, val in res.aux.items()})
-        logits = self.head_logits(res.hidden, key_padding)
+        logits = self.head_logits(res.hidden, input_padding)
         new_cache = DecodeCache(offset + s, states, cache_pad) if states is not None else None
-        return ModelOutput(logits=logits, aux=aux, memory=new_mem, cache=new_cache, depth=res.depth)
+        depth = None if res.depth is None else res.depth[:, self.aux_tokens :]
+        return ModelOutput(logits=logits, aux=aux, memory=new_mem, cache=new_cache, depth=depth)
+
+    def _prepend_aux(
+        self, x: Tensor, key_padding: Tensor | None, segments: Tensor | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """``[B, S, D] -> [B, G + S, D]`` with the G global tokens in front; they are never padding, and
+        belong to no document of packed rows (id -1), so they never carry one document into another."""
+        b, n = x.shape[0], self.aux_tokens
+        x = torch.cat((self.aux_embed.weight.to(x.dtype).expand(b, n, -1), x), dim=1)  # [B, G + S, D]
+        if key_padding is not None:
+            key_padding = torch.cat((key_padding.new_ones(b, n), key_padding), dim=1)  # [B, G + S]
+        if segments is not None:
+            segments = torch.cat((segments.new_full((b, n), -1), segments), dim=1)  # [B, G + S]
+        return x, key_padding, segments
 
     def head_logits(self, hidden: Tensor, key_padding: Tensor | None = None) -> Tensor:
-        """Final norm and head: ``[B, S, D] -> [B, S, V]`` (lm) or pooled ``[B, C]`` (classify)."""
-        h = self.norm(hidden)
+        """Final norm and head: ``[B, S, D] -> [B, S, V]`` (lm) or pooled ``[B, C]`` (classify).
+        Auxiliary global tokens in front of ``hidden`` never reach the head."""
+        h = self.norm(hidden[:, self.aux_tokens :])
         if self.task == "lm":
             return self.head(h)
         if self.spec.pool == "cls":
@@ -204,6 +228,16 @@ class XfamModel(nn.Module):
 
     def empty_cache(self) -> DecodeCache:
         return DecodeCache(0, [None] * self.num_layers)
+
+
+def aux_token_count(blocks: nn.ModuleList, uses_memory: bool) -> int:
+    """Auxiliary global tokens the layers' mechanisms ask the model to prepend (``aux_tokens``, ETC)."""
+    counts = {getattr(b.attn.mechanism, "aux_tokens", 0) for b in blocks} - {0}
+    if len(counts) > 1:
+        raise ConfigError(f"layers ask for different numbers of auxiliary tokens: {sorted(counts)}. Fix: one value.")
+    if counts and uses_memory:
+        raise ConfigError("auxiliary global tokens (attention=etc) cannot be combined with memory. Fix: memory=none.")
+    return counts.pop() if counts else 0
 
 
 def build_mechanism(cfg: dict[str, Any], struct: dict[str, Any], layer: int) -> AttentionMechanism:

@@ -68,6 +68,7 @@ class Alibi(PositionalEncoding):
 
     kind = "bias"
     relative = True
+    decays = True
 
     def __init__(self, *, heads: int, num_heads: Annotated[int, Range(ge=1)] | None = None):
         super().__init__()

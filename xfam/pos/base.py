@@ -121,12 +121,15 @@ class PositionalEncoding(nn.Module, Component):
         bounded: positions at or beyond ``max_len`` cannot be encoded (a learned table).
         hosts: for a ``modifier``: the mechanisms it can run inside (None: any mechanism with
             ``hosts_modifiers``).
+        decays: for a ``bias``: its ``ScoreBias.decay()`` is not None (a pure causal distance decay),
+            so causal kernelised attention can host it as a decayed prefix sum.
     """
 
     kind: ClassVar[str] = "none"
     relative: ClassVar[bool] = False
     bounded: ClassVar[bool] = False
     hosts: ClassVar[frozenset[str] | None] = None
+    decays: ClassVar[bool] = False
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         """``x [B, S, D]`` plus the encoding of ``positions [S]``."""

@@ -251,6 +251,8 @@ def _dense_rows(
         ok = ok & mask.key_padding[:, None, None, :]
     if mask.segments is not None:
         ok = ok & (mask.segments[:, None, q_pos, None] == mask.segments[:, None, None, :])
+    own = q_pos[:, None] == k_pos[None, :]  # a row that may see nothing attends to itself (AttnMask convention)
+    ok = ok | (own & ~ok.any(-1, keepdim=True))
     probs = _softmax(scores, ok)
     if dropout:
         probs = F.dropout(probs, dropout)

@@ -1,0 +1,321 @@
+"""Kernelised attention: Performer (FAVOR+), RFA and the shared chunked linear attention.
+
+The approximation claims (Choromanski et al., 2021, sec. 2-4; Peng et al., 2021, eq. 3-4): each random
+feature estimator of the softmax kernel is unbiased, its mean squared error falls as 1/m, and
+orthogonal features are no worse than i.i.d. ones. The engine: chunking never changes the result,
+no future key leaks through the prefix sums (stabiliser included), running-sum decoding equals the
+full recompute, and a decaying bias (ALiBi) equals the explicitly decayed weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from doubles import build_model, decode_logits
+
+from xfam import compat
+from xfam.attention import ATTENTION, AttnMask
+from xfam.attention.linear import gaussian_matrix
+from xfam.attention.performer import favor_log_features
+from xfam.attention.rfa import rff_features
+from xfam.attention.vanilla import reference_attention
+from xfam.errors import ConfigError
+from xfam.pos.alibi import AlibiBias
+
+B, H, DH, S = 2, 4, 8, 12
+MS = (16, 64, 256, 1024)
+SLOPE_TOL = 0.15  # fitted log-log slope of MSE vs m must lie in [-1.15, -0.85]
+
+
+def pairs(d: int = 16, norm: float = 0.6, n: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x, y = (torch.randn(n, d, generator=g, dtype=torch.float64) for _ in range(2))
+    return norm * x / x.norm(dim=-1, keepdim=True), norm * y / y.norm(dim=-1, keepdim=True)
+
+
+def favor_estimate(x, y, w):
+    """phi(x) . phi(y) for draws ``w [draws, m, d]``: ``[draws, pairs]``; its target is exp(x . y)."""
+    return (favor_log_features(x, w[:, None]).exp() * favor_log_features(y, w[:, None]).exp()).sum(-1)
+
+
+def rff_estimate(x, y, w):
+    """RFA eq. 4: exp(|x|^2/2 + |y|^2/2) phi(x) . phi(y); its target is exp(x . y) (sigma = 1)."""
+    norms = torch.exp((x * x).sum(-1) / 2 + (y * y).sum(-1) / 2)
+    return (rff_features(x, w[:, None]) * rff_features(y, w[:, None])).sum(-1) * norms
+
+
+ESTIMATORS = {"performer": (favor_estimate, 0.6), "rfa": (rff_estimate, 1.0)}  # RFA: unit-norm inputs (the paper)
+
+
+def mse(name: str, m: int, orthogonal: bool, draws: int = 300, seed: int = 0) -> float:
+    est, norm = ESTIMATORS[name]
+    x, y = pairs(norm=norm)
+    w = gaussian_matrix(m, x.shape[-1], orthogonal, torch.Generator().manual_seed(seed + m), draws=draws).double()
+    return ((est(x, y, w) - torch.exp((x * y).sum(-1))) ** 2).mean().item()
+
+
+@pytest.mark.parametrize("name", ["performer", "rfa"])
+@pytest.mark.parametrize("orthogonal", [False, True])
+def test_kernel_mse_falls_as_one_over_m(name, orthogonal):
+    logm = torch.tensor([math.log(m) for m in MS])
+    loge = torch.tensor([math.log(mse(name, m, orthogonal)) for m in MS])
+    slope = ((logm - logm.mean()) * (loge - loge.mean())).sum() / ((logm - logm.mean()) ** 2).sum()
+    assert abs(slope + 1) < SLOPE_TOL, f"log-log slope {slope:.3f}"
+
+
+@pytest.mark.parametrize("name", ["performer", "rfa"])
+@pytest.mark.parametrize("orthogonal", [False, True])
+def test_estimator_is_unbiased(name, orthogonal):
+    est, norm = ESTIMATORS[name]
+    x, y = pairs(norm=norm)
+    draws = 4000
+    w = gaussian_matrix(16, 16, orthogonal, torch.Generator().manual_seed(1), draws=draws).double()
+    e = est(x, y, w)  # [draws, pairs]
+    err = (e.mean(0) - torch.exp((x * y).sum(-1))).abs()
+    assert (err < 4 * e.std(0) / math.sqrt(draws)).all()  # within 4 standard errors, every pair
+    assert (err / torch.exp((x * y).sum(-1)) < 0.02).all()
+    biased = (e.mean(0) * 1.1 - torch.exp((x * y).sum(-1))).abs()  # the test can tell a 10% bias
+    assert (biased > 4 * e.std(0) / math.sqrt(draws)).any()
+
+
+@pytest.mark.parametrize("name", ["performer", "rfa"])
+@pytest.mark.parametrize("m", [16, 32])
+def test_orthogonal_features_are_no_worse_than_iid(name, m):
+    iid = sum(mse(name, m, False, draws=2000, seed=s) for s in range(3))
+    orth = sum(mse(name, m, True, draws=2000, seed=s) for s in range(3))
+    assert orth <= iid
+
+
+def test_orthogonal_draw_has_orthogonal_blocks_and_gaussian_lengths():
+    w = gaussian_matrix(40, 16, True, torch.Generator().manual_seed(0))
+    for block in (w[:16], w[16:32]):
+        u = block / block.norm(dim=-1, keepdim=True)
+        assert torch.allclose(u @ u.T, torch.eye(16), atol=1e-5)
+    many = gaussian_matrix(16, 16, True, torch.Generator().manual_seed(1), draws=2000)
+    assert abs(many.norm(dim=-1).pow(2).mean().item() - 16) < 0.5  # E|w|^2 = d, as for N(0, I) rows
+
+
+# -- the mechanisms ------------------------------------------------------------------------------
+
+
+def build(name: str, causal: bool = True, kv_heads: int = H, max_len: int = S, **params):
+    struct = dict(dim=H * DH, heads=H, kv_heads=kv_heads, head_dim=DH, max_len=max_len, causal=causal, num_layers=2)
+    torch.manual_seed(0)
+    return ATTENTION.build({"name": name, **params}, **struct, layer=0).eval().double()
+
+
+def qkv(sq=S, sk=S, kv_heads=H, scale=1.0):
+    g = torch.Generator().manual_seed(3)
+    q = scale * torch.randn(B, H, sq, DH, generator=g, dtype=torch.float64)
+    k = scale * torch.randn(B, kv_heads, sk, DH, generator=g, dtype=torch.float64)
+    return q, k, torch.randn(B, kv_heads, sk, DH, generator=g, dtype=torch.float64)
+
+
+PAD = torch.tensor([[False] * 3 + [True] * 9, [True] * 10 + [False] * 2])
+SEG = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [3] * 7 + [4] * 5])
+CAUSAL_FORMS = {
+    "plain": (S, {}),
+    "offset": (5, {}),
+    "padding": (S, {"key_padding": PAD}),
+    "offset_padding": (7, {"key_padding": PAD}),
+    "segments": (S, {"segments": SEG}),
+    "offset_segments_padding": (6, {"segments": SEG, "key_padding": PAD}),
+}
+BIDIR_FORMS = {"plain": (S, {}), "padding": (S, {"key_padding": PAD}), "segments": (S, {"segments": SEG})}
+VARIANTS = {  # name -> (mechanism, params): random features on the fast path
+    "performer": ("performer", {}),
+    "performer_iid": ("performer", {"features": "iid"}),
+    "rfa": ("rfa", {}),
+    "rfa_raw": ("rfa", {"normalize": False, "features": "orthogonal"}),
+    "rfa_gate": ("rfa", {"gate": True}),
+}
+
+
+def twins(name: str, params: dict, causal: bool, chunk: int):
+    """The chunked mechanism and the quadratic reference with the same features and parameters."""
+    fast = build(name, causal, chunk=chunk, backend="chunked", **params)
+    ref = build(name, causal, backend="quadratic", **params)
+    ref.load_state_dict(fast.state_dict())
+    if hasattr(fast, "gate_b"):  # a gate away from its initial value
+        with torch.no_grad():
+            for m in (fast, ref):
+                m.gate_w.copy_(0.3 * torch.arange(H * DH, dtype=torch.float64).view(H, DH).sin())
+    return fast, ref
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("form", list(CAUSAL_FORMS))
+@pytest.mark.parametrize("chunk", [1, 7, S])
+@pytest.mark.parametrize("alibi", [False, True])
+def test_causal_chunked_equals_quadratic(variant, form, chunk, alibi):
+    name, params = VARIANTS[variant]
+    fast, ref = twins(name, params, True, chunk)
+    sq, kw = CAUSAL_FORMS[form]
+    q, k, v = qkv(sq=sq)
+    bias = AlibiBias(H, H).double() if alibi else None
+    out = fast(q, k, v, AttnMask(q_len=sq, k_len=S, causal=True, **kw), bias)
+    expected = ref(q, k, v, AttnMask(q_len=sq, k_len=S, causal=True, **kw), bias)
+    assert torch.allclose(out, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "rfa_gate"])
+@pytest.mark.parametrize("form", list(BIDIR_FORMS))
+def test_bidirectional_sums_equal_quadratic(variant, form):
+    name, params = VARIANTS[variant]
+    fast, ref = twins(name, params, False, 5)
+    sq, kw = BIDIR_FORMS[form]
+    q, k, v = qkv()
+    out = fast(q, k, v, AttnMask(q_len=sq, k_len=S, **kw))
+    assert torch.allclose(out, ref(q, k, v, AttnMask(q_len=sq, k_len=S, **kw)), atol=1e-10)
+
+
+def test_chunk_sizes_agree_with_each_other_and_the_unchunked_form():
+    q, k, v = qkv()
+    outs = [build("performer", chunk=c)(q, k, v, AttnMask(q_len=S, k_len=S, causal=True)) for c in (1, 7, S)]
+    assert torch.allclose(outs[0], outs[1], atol=1e-12) and torch.allclose(outs[0], outs[2], atol=1e-12)
+
+
+def test_decayed_prefix_sums_equal_explicitly_decayed_weights():
+    mech = build("performer", chunk=5)
+    q, k, v = qkv()
+    bias = AlibiBias(H, H).double()
+    out = mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True), bias)
+    w = mech.proj
+    fq = favor_log_features(q * DH**-0.25, w).exp()  # the paper's features, unstabilised
+    fk = favor_log_features(k * DH**-0.25, w).exp()
+    lam = bias.decay().double()  # exp(-m_h)
+    expected = torch.zeros_like(out)
+    for h in range(H):
+        for i in range(S):
+            wts = torch.stack([lam[h] ** (i - j) * (fq[:, h, i] * fk[:, h, j]).sum(-1) for j in range(i + 1)], 1)
+            expected[:, h, i] = (wts[..., None] * v[:, h, : i + 1]).sum(1) / wts.sum(1, keepdim=True)
+    assert torch.allclose(out, expected, atol=1e-10)
+    assert not torch.allclose(out, mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True)), atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("alibi", [False, True])
+def test_no_causal_leak_through_the_prefix_sums(variant, alibi):
+    name, params = VARIANTS[variant]
+    mech, _ = twins(name, params, True, 5)
+    q, k, v = qkv()
+    bias = AlibiBias(H, H).double() if alibi else None
+    out = mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True), bias)
+    t = 8
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, t:] *= 30.0  # a huge future key would move a global stabiliser; the running max does not
+    v2[:, :, t:] += 1.0
+    out2 = mech(q, k2, v2, AttnMask(q_len=S, k_len=S, causal=True), bias)
+    assert torch.equal(out[:, :, :t], out2[:, :, :t])
+    assert not torch.allclose(out[:, :, t:], out2[:, :, t:], atol=1e-3)
+    assert torch.isfinite(out2).all()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("kv_heads", [H, 2])
+def test_decode_with_running_sums_equals_full_recompute(variant, alibi, kv_heads):
+    name, params = VARIANTS[variant]
+    mech = build(name, kv_heads=kv_heads, chunk=3, **params)
+    q, k, v = qkv(kv_heads=kv_heads)
+    bias = AlibiBias(H, H).double() if alibi else None
+    pad = torch.tensor([[False] * 2 + [True] * 10, [True] * 12])
+    full = mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True, key_padding=pad), bias)
+    outs, state, t = [], None, 0
+    for n in (4, 1, 1, 3, 1, 2):
+        mask = AttnMask(q_len=n, k_len=t + n, causal=True, key_padding=pad[:, : t + n])
+        out, state = mech.decode(q[:, :, t : t + n], k[:, :, t : t + n], v[:, :, t : t + n], state, mask, bias)
+        assert set(state) == {"s", "z", "m"}  # running sums, no key/value cache
+        assert state["s"].shape[:2] == (B, H) and state["s"].shape[-1] == DH
+        outs.append(out)
+        t += n
+    assert torch.allclose(torch.cat(outs, 2), full, atol=1e-10)
+
+
+def test_exact_features_equal_softmax_attention_with_alibi():
+    mech = build("performer", features="exact")
+    q, k, v = qkv()
+    bias = AlibiBias(H, H).double()
+    mask = AttnMask(q_len=S, k_len=S, causal=True)
+    assert torch.allclose(mech(q, k, v, mask, bias), reference_attention(q, k, v, mask, bias), atol=1e-12)
+
+
+def test_large_inputs_stay_finite():
+    q, k, v = qkv(scale=40.0)  # |x|^2 / 2 far beyond exp's range
+    for causal in (True, False):
+        for name in ("performer", "rfa"):
+            mech = build(name, causal)
+            out = mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=causal))
+            assert torch.isfinite(out).all()
+
+
+# -- redraw schedule -----------------------------------------------------------------------------
+
+
+def test_features_redraw_exactly_every_n_training_steps_and_never_in_eval():
+    mech = build("performer", redraw_every=3).float().train()
+    q, k, v = (t.float() for t in qkv())
+    seen = []
+    for _ in range(10):
+        mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True))
+        seen.append(mech.proj.clone())
+    changed = [i for i in range(1, 10) if not torch.equal(seen[i], seen[i - 1])]
+    assert changed == [3, 6, 9]  # the 4th, 7th and 10th training steps use new features
+    assert int(mech.steps) == 10
+    mech.eval()
+    for _ in range(5):
+        mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True))
+    assert torch.equal(mech.proj, seen[-1]) and int(mech.steps) == 10
+
+
+def test_save_and_load_midway_keeps_the_schedule_and_the_features():
+    def run(mech, steps):
+        q, k, v = (t.float() for t in qkv())
+        out = []
+        for _ in range(steps):
+            mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True))
+            out.append(mech.proj.clone())
+        return out
+
+    torch.manual_seed(1)
+    whole = build("performer", redraw_every=2).float().train()
+    torch.manual_seed(1)
+    first = build("performer", redraw_every=2).float().train()
+    reference = run(whole, 7)
+    head = run(first, 3)
+    saved = {k: t.clone() for k, t in first.state_dict().items()}
+    assert {"proj", "steps", "seed"} <= set(saved)  # the features and the schedule travel in checkpoints
+    torch.manual_seed(99)  # a different process: other global RNG, other initial draw
+    resumed = build("performer", redraw_every=2).float().train()
+    resumed.load_state_dict(saved)
+    assert torch.equal(resumed.proj, head[-1])
+    tail = run(resumed, 4)
+    assert all(torch.equal(a, b) for a, b in zip(head + tail, reference, strict=True))
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+def test_alibi_is_hosted_by_a_causal_performer_and_refused_by_a_bidirectional_one():
+    model = build_model(attention={"name": "performer", "num_features": 32}, pos="alibi", layers=2)
+    x = torch.randint(0, 13, (2, 10))
+    assert torch.allclose(decode_logits(model, x, prompt=3), model(x).logits, atol=1e-5)
+    sel = compat.Selection(
+        attention=[(ATTENTION.get("performer"), {"features": "orthogonal"}, False)],
+        pos=(__import__("xfam.pos", fromlist=["POS"]).POS.get("alibi"), {}),
+        memory=[],
+        exit=(__import__("xfam.exit", fromlist=["EXIT"]).EXIT.get("none"), {}),
+        causal=False,
+    )
+    problems = compat.check(sel)
+    assert any("attention=performer" in p and "bidirectional" in p and "Alternatives:" in p for p in problems)
+    sel.causal = True
+    assert compat.check(sel) == []
+
+
+def test_rfa_gate_needs_a_causal_model():
+    with pytest.raises(ConfigError, match="gate=true"):
+        build("rfa", causal=False, gate=True)
+    build("rfa", causal=True, gate=True)

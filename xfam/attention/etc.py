@@ -1,0 +1,224 @@
+"""ETC global-local attention (Ainslie et al., 2020, "ETC: Encoding Long and Structured Inputs in
+Transformers", arXiv:2004.08483, sec. 3.1-3.3).
+
+The input is two sequences: n_g auxiliary global tokens (extra inputs with their own hidden states in
+every layer, not positions of the text) and the n_l long tokens. The model prepends the global tokens
+(``aux_tokens`` tells it how many, see ``xfam.model.transformer``), so the mechanism sees the
+concatenation ``[globals | long]``: key indices ``0 .. n_g - 1`` are the globals, ``n_g + t`` is long
+token t. Attention splits into four pieces, each query taking one softmax over all its keys:
+
+* g2g -- a global token sees every global token;
+* g2l -- global token s sees the long tokens of its segment (ETC's hard g2l masking); without
+  structure in the data a segment is a fixed chunk of c = ceil(max_len / n_g) tokens,
+  ``t // c == s``; with ``g2l: full`` it sees every long token;
+* l2g -- every long token sees every global token;
+* l2l -- long token t sees the long tokens within the local radius r, ``|t - u| <= r``.
+
+Output ``[B, H, n_g + n_l, Dh]``. Long rows run on the block engine (a banded radius plus the globals
+as global key columns): O(n_l (2r + 1 + n_g)); global rows are n_g dense rows, O(n_g (n_g + n_l)).
+No (n_g + n_l)^2 matrix. ETC is an encoder: bidirectional only, and without memory.
+
+A score bias (ALiBi, T5 ...) is evaluated at the concatenated key indices: between long tokens it is
+the usual relative bias; between a global token and a long token it sees the global at index s < n_g
+in front of the text (ETC uses dedicated relative-position labels there instead).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xfam.attention.base import ATTENTION, AttentionMechanism, expand_kv
+from xfam.attention.mask import AttnMask
+from xfam.attention.sparse import (
+    SparsePattern,
+    block_sparse_attention,
+    dense_sparse_attention,
+    window_band,
+    window_layout,
+)
+from xfam.logs import log_once
+from xfam.pos.base import ScoreBias, ScoreModifier
+from xfam.registry import Positive, Probability, defaults_of
+
+
+class ETCPattern(SparsePattern):
+    """The whole ETC rule over ``[globals | long]`` key indices; globals start at key index ``start``.
+
+    ``chunk``: long tokens per global token's segment (None: g2l unrestricted). ``long_only``: the
+    pattern of the long queries on the block path, where the globals are the engine's global keys.
+    """
+
+    def __init__(self, n_global: int, radius: int, chunk: int | None, start: int, block: int, long_only: bool):
+        self.n_global, self.radius, self.chunk, self.start, self.block = n_global, radius, chunk, start, block
+        self.long_only = long_only
+        self.global_positions = tuple(range(start, start + n_global)) if long_only else ()
+
+    def allowed(self, q_pos: Tensor, k_pos: Tensor, head: Tensor | None = None) -> Tensor:
+        first_long = self.start + self.n_global
+        q_glob = (q_pos >= self.start) & (q_pos < first_long)
+        k_glob = (k_pos >= self.start) & (k_pos < first_long)
+        l2l = ~q_glob & ~k_glob & ((q_pos - k_pos).abs() <= self.radius)
+        if self.long_only:
+            return l2l
+        g2l = q_glob & ~k_glob
+        if self.chunk is not None:
+            g2l = g2l & (torch.div(k_pos - first_long, self.chunk, rounding_mode="floor") == q_pos - self.start)
+        return l2l | g2l | (q_glob & k_glob) | (~q_glob & k_glob)  # ... | g2g | l2g
+
+    def band(self, offset: int, causal: bool) -> tuple[int, int]:
+        return window_band(offset, self.block, self.radius, self.radius)
+
+    def layout(self, n_q: int, n_k: int, offset: int, causal: bool, device: torch.device) -> Tensor:
+        return window_layout(n_q, n_k, offset, self.block, self.radius, self.radius, device)
+
+
+@ATTENTION.register("etc")
+class ETC(AttentionMechanism):
+    """Global-local attention with ``global_tokens`` auxiliary global tokens (see the module docstring).
+
+    Args:
+        global_tokens: n_g, auxiliary global tokens the model prepends to the input.
+        radius: r, the l2l local radius (ETC's experiments use 84).
+        g2l: ``segment`` (each global token sees its chunk of ceil(max_len / n_g) long tokens) or
+            ``full`` (every long token).
+        block: tile of the block engine (speed only).
+        backend: ``auto`` (block engine + dense global rows), ``block`` or ``dense`` (the reference).
+        dropout: dropout on the attention probabilities.
+    """
+
+    paper = "Ainslie et al., 2020, arXiv:2004.08483"
+
+    causal = False
+    accepts_memory = False
+    backends = ("block", "dense")
+
+    def __init__(
+        self,
+        *,
+        max_len: int,
+        global_tokens: Annotated[int, Positive] = 8,
+        radius: Annotated[int, Positive] = 84,
+        g2l: Literal["segment", "full"] = "segment",
+        block: Annotated[int, Positive] = 64,
+        backend: Literal["auto", "block", "dense"] = "auto",
+        dropout: Annotated[float, Probability] = 0.0,
+    ):
+        super().__init__()
+        self.aux_tokens = global_tokens  # read by the model: it prepends this many learned global tokens
+        self.radius, self.g2l, self.block, self.backend, self.dropout = radius, g2l, block, backend, dropout
+        self.chunk = -(-max_len // global_tokens) if g2l == "segment" else None
+        self._patterns: dict[tuple[int, bool], ETCPattern] = {}
+
+    def rule(self, start: int, long_only: bool) -> ETCPattern:
+        """The rule with the globals at key indices ``start ..`` (the whole rule, or the long rows' part)."""
+        key = (start, long_only)
+        if key not in self._patterns:
+            self._patterns[key] = ETCPattern(self.aux_tokens, self.radius, self.chunk, start, self.block, long_only)
+        return self._patterns[key]
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        n_g, start = self.aux_tokens, mask.offset  # the globals are the first n_g queries
+        if self.backend == "dense":
+            return dense_sparse_attention(q, k, v, self.rule(start, False), mask, bias, p)
+        if self.backend == "auto":
+            log_once("attention=etc backend=auto: block engine (long rows) + dense global rows")
+        long_mask = mask.memo(("etc_long", n_g), lambda: _long_mask(mask, n_g))
+        out_long = block_sparse_attention(q[:, :, n_g:], k, v, self.rule(start, True), long_mask, bias, p)
+        out_glob = _global_rows(q[:, :, :n_g], k, v, mask, bias, self.rule(start, False), p)
+        return torch.cat((out_glob, out_long), dim=2)  # [B, H, n_g + n_l, Dh]
+
+    @classmethod
+    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+        out, max_len = [], ctx.get("max_len")
+        if max_len is None:
+            return out
+        if params["radius"] > max_len:
+            out.append(
+                f"radius={params['radius']} is larger than model.max_len={max_len}; valid: 1..{max_len} "
+                f"({max_len - 1} already covers every input). Fix: set attention.radius <= {max_len}."
+            )
+        if params["g2l"] == "segment" and params["global_tokens"] > max_len:
+            out.append(
+                f"global_tokens={params['global_tokens']} with g2l=segment leaves empty segments: model.max_len="
+                f"{max_len} long tokens are split among the global tokens. Fix: global_tokens <= {max_len}, "
+                f"or g2l=full."
+            )
+        return out
+
+    @classmethod
+    def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        out = []
+        mine = [(p, per_head) for c, p, per_head in selection.attention if c is cls]
+        if any(per_head for _, per_head in mine):
+            out.append(
+                "attention=etc cannot be one group of a per_head schedule: its global tokens are extra inputs of "
+                "the whole layer. Fix: remove attention.per_head."
+            )
+        if len({{**defaults_of(cls), **p}["global_tokens"] for p, _ in mine}) > 1:
+            out.append(
+                "attention=etc: every layer must use the same global_tokens (they are inputs of the whole model). "
+                "Fix: set global_tokens at the slot level only."
+            )
+        exit_cls = selection.exit[0]
+        if exit_cls.early_exit:
+            out.append(
+                f"attention=etc adds global tokens in front of the input, which exit={exit_cls.registry_name}'s "
+                f"per-token decisions cannot tell apart from the input's tokens. Fix: exit=none."
+            )
+        return out
+
+    @classmethod
+    def exact_params(cls, seq_len: int) -> dict[str, Any]:
+        return {"radius": seq_len, "g2l": "full"}
+
+
+def _long_mask(mask: AttnMask, n_g: int) -> AttnMask:
+    """The mask of the long queries alone: the global tokens become keys in front of them."""
+    return AttnMask(
+        q_len=mask.q_len - n_g,
+        k_len=mask.k_len,
+        causal=mask.causal,
+        key_padding=mask.key_padding,
+        segments=mask.segments,
+        window=mask.window,
+    )
+
+
+def _global_rows(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, bias: ScoreBias | None, rule: ETCPattern, dropout: float
+) -> Tensor:
+    """Attention of the n_g global queries ``q [B, H, n_g, Dh]`` over every key the rule and ``mask``
+    allow (g2g and g2l): ``[B, H, n_g, Dh]``."""
+    h = q.shape[1]
+    k, v = expand_kv(k, h), expand_kv(v, h)  # [B, H, Sk, Dh]
+    rows = torch.arange(q.shape[2], device=q.device)
+    q_pos, k_pos = rows + mask.offset, torch.arange(mask.k_len, device=q.device)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])  # [B, H, n_g, Sk]
+    if bias is not None:
+        scores = scores + bias.pairs(q_pos[:, None], k_pos[None, :]).to(scores.dtype)
+    ok = (rule.allowed(q_pos[:, None], k_pos[None, :]) & mask.visible(rows[:, None], k_pos[None, :]))[None, None]
+    if mask.key_padding is not None:
+        ok = ok & mask.key_padding[:, None, None, :].to(q.device)  # [B, 1, n_g, Sk]
+    if mask.segments is not None:
+        seg = mask.segments.to(q.device)
+        ok = ok & (seg[:, None, q_pos, None] == seg[:, None, None, :])
+    own = q_pos[:, None] == k_pos[None, :]
+    ok = ok | (own & ~ok.any(-1, keepdim=True))  # a query that may see nothing attends to itself
+    probs = torch.softmax(scores.masked_fill(~ok, torch.finfo(scores.dtype).min), dim=-1)
+    if dropout:
+        probs = F.dropout(probs, dropout)
+    return probs @ v  # [B, H, n_g, Dh]

@@ -1,0 +1,349 @@
+"""Kernelised (linear) attention, shared by ``performer`` and ``rfa`` (Katharopoulos et al., 2020, eq. 4-9).
+
+With a feature map phi, attention over the visible keys j of query i is
+
+    o_i = phi(q_i)^T S_i / (phi(q_i)^T z_i),   S_i = sum_j w_ij phi(k_j) v_j^T,   z_i = sum_j w_ij phi(k_j)
+
+* bidirectional: one global pair (S [B, H, m, Dh], z [B, H, m]) for all queries;
+* causal: the prefix recurrence S_t = a_t S_{t-1} + phi(k_t) v_t^T with a per-position decay a_t =
+  exp(ld_t). A score bias exp(b_ij) = lambda_h^(i - j) (ALiBi: ``bias.decay()`` = exp(-m_h)) is
+  log a_t = log lambda_h, RFA's gate is a_t = g_t; a_t = 0 at a document start (packed rows).
+  Computed in chunks of C positions: inside a chunk explicitly (C x C weights), across chunks through
+  the running sums, so memory is O(L (m + Dh + C) + (L / C) m Dh), linear in L;
+* decoding keeps only the running sums ``{s, z, m}`` (no key/value cache).
+
+Key features arrive as ``fk * exp(ls)`` (base features ``fk`` and a per-key log-scale ``ls``), so
+unbounded scales (FAVOR+'s exp, RFA's exp(|k|^2 / 2 sigma^2)) never overflow: the causal engine
+divides the state by exp(M_t), M_t the running max of ``ls`` up to t (kept in the state as ``m``),
+which is itself a decay exp(M_{t-1} - M_t); a per-query factor, like any positive per-query
+scale of phi(q), cancels in the ratio. ``KernelAttention`` is the mechanism base of both papers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xfam.attention.base import AttentionMechanism, DecodeState, expand_kv
+from xfam.attention.mask import AttnMask
+from xfam.logs import log_once
+from xfam.pos.base import POS, ScoreBias, ScoreModifier
+
+
+def doc_index(mask: AttnMask, device: torch.device) -> Tensor | None:
+    """``[B, Sk]`` running document number (a new document wherever the segment id changes), or None.
+
+    Packed rows hold contiguous documents (``xfam.data``), so "same id" = "no boundary in between".
+    """
+    if mask.segments is None:
+        return None
+    seg = mask.segments.to(device)
+    doc = torch.zeros_like(seg, dtype=torch.long)
+    doc[:, 1:] = (seg[:, 1:] != seg[:, :-1]).long().cumsum(1)
+    return doc
+
+
+def gaussian_matrix(rows: int, dim: int, orthogonal: bool, gen: torch.Generator, draws: int | None = None) -> Tensor:
+    """``[rows, dim]`` (``[draws, rows, dim]`` for independent draws) with N(0, I) rows. ``orthogonal``: blocks
+    of ``dim`` exactly orthogonal rows (Haar), each rescaled by an independent chi(dim) length so every
+    row stays N(0, I) marginally (Choromanski et al., 2021, sec. 2.4; the authors'
+    ``gaussian_orthogonal_random_matrix``)."""
+    n = 1 if draws is None else draws
+    if not orthogonal:
+        out = torch.randn(n, rows, dim, generator=gen)
+    else:
+        blocks = -(-rows // dim)
+        q, r = torch.linalg.qr(torch.randn(n, blocks, dim, dim, generator=gen))
+        q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[..., None, :]  # sign fix: exactly Haar
+        lengths = torch.randn(n, rows, dim, generator=gen).norm(dim=-1, keepdim=True)
+        out = q.transpose(-1, -2).reshape(n, blocks * dim, dim)[:, :rows] * lengths
+    return out[0] if draws is None else out
+
+
+def finish(num: Tensor, den: Tensor, v_self: Tensor) -> Tensor:
+    """``num / den``; a query that sees no key at all (den exactly 0: a left pad under a causal mask)
+    attends to itself instead, the rule of ``AttnMask.dense``, so every path agrees and nothing is NaN."""
+    empty = (den == 0)[..., None]
+    return torch.where(empty, v_self, num / den.masked_fill(den == 0, 1.0)[..., None])
+
+
+def causal_sums(
+    fq: Tensor,
+    fk: Tensor,
+    v: Tensor,
+    ls: Tensor,
+    ld: Tensor | None = None,
+    keep: Tensor | None = None,
+    doc: Tensor | None = None,
+    doc0: Tensor | None = None,
+    state: DecodeState | None = None,
+    chunk: int = 64,
+    stabilise: bool = True,
+) -> tuple[Tensor, Tensor, DecodeState]:
+    """Chunked causal numerators ``[B, H, Sq, Dh]`` and denominators ``[B, H, Sq]``, and the new state.
+
+    fq ``[B, H, Sq, m]`` are the queries of the last Sq of the T keys ``fk [B, H, T, m]``, ``v [B, H, T, Dh]``;
+    ``ls [B, H, T]`` key log-scales; ``ld [B|1, H|1, T]`` log-decays (<= 0) applied when moving to position t;
+    ``keep [B, T]`` False for padded keys; ``doc [B, T]`` document numbers, ``doc0 [B]`` the document of the
+    state's last key; ``state`` the running sums of earlier keys.
+    """
+    b, h, t, m = fk.shape
+    sq, dv, c = fq.shape[2], v.shape[-1], min(chunk, t)  # a chunk longer than T is one chunk
+    if keep is not None:  # padding never raises the stabiliser (and never overflows)
+        ls = torch.where(keep[:, None], ls, ls.detach().amin(-1, keepdim=True))
+    lsd = ls.detach()
+    prev = state["m"] if state is not None else None  # [B, H]
+    if stabilise:
+        big = torch.cummax(lsd if prev is None else torch.maximum(lsd, prev[..., None]), -1).values
+        first = big[..., :1] if prev is None else prev[..., None]
+        la = torch.cat((first, big[..., :-1]), -1) - big  # [B, H, T], <= 0
+    else:
+        big, la = torch.zeros_like(lsd), torch.zeros_like(lsd)
+    if ld is not None:
+        la = la + ld
+    kf = fk * torch.exp(ls - big)[..., None]
+    if keep is not None:
+        kf = torch.where(keep[:, None, :, None], kf, 0.0)
+    v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1)  # [B, H, T, Dh + 1]: the last column gives z
+    n = -(-t // c)
+    pad = n * c - t
+    qf = F.pad(fq, (0, 0, t - sq, pad)) if pad or t != sq else fq  # queries aligned with their keys
+    if pad:
+        kf, v1, la = F.pad(kf, (0, 0, 0, pad)), F.pad(v1, (0, 0, 0, pad)), F.pad(la, (0, pad))
+    qc, kc, vc = qf.view(b, h, n, c, m), kf.view(b, h, n, c, m), v1.view(b, h, n, c, dv + 1)
+    a = la.view(*la.shape[:2], n, c).cumsum(-1)  # log-decay since the chunk start, [B, H, n, C]
+    ok = torch.ones(c, c, dtype=torch.bool, device=fk.device).tril()
+    wk, carry, qa = torch.exp(a[..., -1:] - a), torch.exp(a[..., -1]), torch.exp(a)
+    if doc is not None:
+        dp = torch.cat((doc, doc[:, -1:].expand(b, pad)), 1).view(b, 1, n, c)
+        last = dp[..., -1]  # [B, 1, n]
+        before = torch.cat(((doc0 if doc0 is not None else doc[:, 0]).view(b, 1, 1), last[..., :-1]), -1)
+        ok = ok & (dp[..., :, None] == dp[..., None, :])  # [B, 1, n, C, C]
+        wk, carry = wk * (dp == last[..., None]), carry * (last == before)
+        qa = qa * (dp == before[..., None])
+    w = torch.exp((a[..., :, None] - a[..., None, :]).masked_fill(~ok, float("-inf")))  # [B, H, n, C, C]
+    out = ((qc @ kc.transpose(-1, -2)) * w) @ vc  # inside each chunk: [B, H, n, C, Dh + 1]
+    kv = kc.transpose(-1, -2) @ (vc * wk[..., None])  # each chunk's sums, decayed to its end: [B, H, n, m, Dh + 1]
+    s = fk.new_zeros(b, h, m, dv + 1) if state is None else torch.cat((state["s"], state["z"][..., None]), -1)
+    before_chunk = []
+    for cy, kv_i in zip(carry.unbind(2), kv.unbind(2), strict=True):  # the sequential part: n small updates
+        before_chunk.append(s)
+        s = cy[..., None, None] * s + kv_i
+    out = out + (qc @ torch.stack(before_chunk, 2)) * qa[..., None]  # across chunks, through the sums
+    out = out.view(b, h, n * c, dv + 1)[:, :, t - sq : t]
+    return out[..., :dv], out[..., dv], {"s": s[..., :dv], "z": s[..., dv], "m": big[..., -1]}
+
+
+def bidirectional_sums(
+    fq: Tensor, fk: Tensor, v: Tensor, ls: Tensor, keep: Tensor | None, doc: Tensor | None, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """Every query sees every (unpadded) key of its document: global sums, or per document when packed."""
+    if keep is not None:  # padding never raises the stabiliser (and never overflows)
+        ls = torch.where(keep[:, None], ls, ls.detach().amin(-1, keepdim=True))
+    kf = fk * torch.exp(ls - ls.detach().amax(-1, keepdim=True))[..., None]  # one constant per (B, H)
+    if keep is not None:
+        kf = torch.where(keep[:, None, :, None], kf, 0.0)
+    if doc is None:
+        s, z = kf.transpose(-1, -2) @ v, kf.sum(2)  # [B, H, m, Dh], [B, H, m]
+        return fq @ s, (fq @ z[..., None])[..., 0]
+    # Per document: an inclusive causal pass plus an inclusive anti-causal pass, minus the self term.
+    off, zero = kf.shape[2] - fq.shape[2], torch.zeros_like(ls)
+    qf = F.pad(fq, (0, 0, off, 0))
+    fwd = causal_sums(qf, kf, v, zero, doc=doc, chunk=chunk, stabilise=False)
+    bwd = causal_sums(qf.flip(2), kf.flip(2), v.flip(2), zero, doc=doc.flip(1), chunk=chunk, stabilise=False)
+    self_w = (qf * kf).sum(-1)  # [B, H, T]
+    num = fwd[0] + bwd[0].flip(2) - self_w[..., None] * v
+    den = fwd[1] + bwd[1].flip(2) - self_w
+    return num[:, :, off:], den[:, :, off:]
+
+
+def quadratic(
+    fq: Tensor | None,
+    fk: Tensor | None,
+    v: Tensor,
+    ls: Tensor | None,
+    ld: Tensor | None,
+    mask: AttnMask,
+    bias: ScoreBias | None,
+    logits: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Reference path: the ``[B, H, Sq, Sk]`` weights written out, with ``mask.dense`` and ``bias.dense``.
+
+    ``w_ij = phi(q_i) . fk_j * exp(ls_j + sum_{j < t <= i} ld_t + b_ij)``; with ``fq = None`` the kernel is
+    ``exp(logits)`` instead (the exact softmax kernel, the limit of infinitely many features).
+    """
+    lg = logits if logits is not None else v.new_zeros(1, 1, 1, 1)
+    if ls is not None:
+        lg = lg + ls[..., None, :]
+    if ld is not None:
+        cum = ld.cumsum(-1)  # [B|1, H, Sk]
+        lg = lg + (cum[..., mask.offset :, None] - cum[..., None, :])
+    if bias is not None:
+        lg = lg + bias.dense(mask, v.dtype).to(v.device)
+    allowed = mask.dense(v.device)  # [B|1, 1, Sq, Sk] or None
+    if allowed is not None:
+        lg = lg.masked_fill(~allowed, float("-inf"))
+    w = torch.exp(lg - lg.amax(-1, keepdim=True).detach())
+    if fq is not None:
+        w = w * (fq @ fk.transpose(-1, -2))
+    return w @ v, w.sum(-1)
+
+
+class KernelAttention(AttentionMechanism):
+    """Base of random-feature mechanisms: features (re)drawn on a schedule, three paths, running-sum decoding.
+
+    Subclasses set ``features`` (``iid`` | ``orthogonal`` | ``exact``) and implement ``draw(generator)``
+    (the ``[rows, Dh]`` random matrix), ``feature_maps(q, k)`` -> ``(fq, fk, ls, ld)`` with k on its
+    own Hkv heads, and ``exact_logits(q, k)``. ``features=exact`` evaluates the kernel itself,
+    exp(x . y), on the quadratic path: the m -> infinity limit, which is softmax attention.
+
+    Redraw schedule: ``steps`` counts training-mode forward calls (a buffer, so it survives
+    checkpoints); the call that finds ``steps`` a positive multiple of ``redraw_every`` draws new
+    features first. Draw r comes from a generator seeded by (``seed``, r), ``seed`` a buffer drawn from
+    the global RNG at construction: resumes and data-parallel ranks get identical features.
+    """
+
+    hosts_modifiers = False
+    accepts_bias = True  # only a causal distance decay on the chunked path (see ``refusals``)
+    backends: ClassVar[tuple[str, ...]] = ("chunked", "quadratic")
+
+    def __init__(self, *, rows: int, head_dim: int, features: str, redraw_every: int | None, chunk: int, backend: str):
+        super().__init__()
+        self.features, self.redraw_every, self.chunk, self.backend = features, redraw_every, chunk, backend
+        self.rows, self.head_dim = rows, head_dim
+        self.register_buffer("seed", torch.randint(0, 2**62, ()))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("proj", self.draw(self._generator(0)))
+
+    # -- features ---------------------------------------------------------------------------------
+    def draw(self, gen: torch.Generator) -> Tensor:
+        """The random matrix ``[rows, Dh]`` (drawn on the CPU; the buffer keeps its device and dtype)."""
+        return gaussian_matrix(self.rows, self.head_dim, self.features == "orthogonal", gen)
+
+    def feature_maps(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        raise NotImplementedError  # abstract
+
+    def exact_logits(self, q: Tensor, k: Tensor) -> Tensor:
+        raise NotImplementedError  # abstract
+
+    def _generator(self, index: int) -> torch.Generator:
+        return torch.Generator().manual_seed((int(self.seed) * 1_000_003 + index) % 2**63)
+
+    def _redraw_if_due(self) -> None:
+        if not self.training or self.redraw_every is None or self.features == "exact":
+            return
+        step = int(self.steps)
+        if step > 0 and step % self.redraw_every == 0:
+            self.proj.copy_(self.draw(self._generator(step // self.redraw_every)))
+        self.steps += 1
+
+    def _features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        heads = q.shape[1]
+        fq, fk, ls, ld = self.feature_maps(q, k)
+        return fq, expand_kv(fk, heads), expand_kv(ls, heads), None if ld is None else expand_kv(ld, heads)
+
+    # -- paths ------------------------------------------------------------------------------------
+    def _chunked_blockers(self, mask: AttnMask, bias: ScoreBias | None) -> list[str]:
+        out = ["a window mask"] if mask.window is not None else []
+        if bias is not None and (not mask.causal or bias.decay() is None):
+            out.append("a score bias that is not a causal distance decay")
+        return out
+
+    def _path(self, mask: AttnMask, bias: ScoreBias | None) -> str:
+        name, blockers = self.registry_name, self._chunked_blockers(mask, bias)
+        if self.backend == "quadratic":
+            return "quadratic"
+        if not blockers:
+            log_once(f"attention={name} backend={self.backend}: chunked linear-attention path")
+            return "chunked"
+        # The quadratic path computes the same estimator, only in O(L^2): logged once, not an error.
+        log_once(f"attention={name} backend={self.backend}: quadratic path (O(L^2)) for {' and '.join(blockers)}")
+        return "quadratic"
+
+    @staticmethod
+    def _bias_decay(ld: Tensor | None, bias: ScoreBias | None, like: Tensor) -> Tensor | None:
+        if bias is None:
+            return ld
+        rate = torch.log(bias.decay().to(like)).view(1, -1, 1)  # [1, H, 1]
+        return rate if ld is None else ld + rate
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> Tensor:
+        self._redraw_if_due()
+        heads = q.shape[1]
+        if self.features == "exact":
+            logits = self.exact_logits(q, expand_kv(k, heads))
+            ls, ld = self._gate(k, heads)
+            v = expand_kv(v, heads)
+            return finish(*quadratic(None, None, v, ls, ld, mask, bias, logits), v[:, :, mask.offset :])
+        fq, fk, ls, ld = self._features(q, k)
+        v = expand_kv(v, heads)
+        v_self = v[:, :, mask.offset :]
+        if self._path(mask, bias) == "quadratic":
+            return finish(*quadratic(fq, fk, v, ls, ld, mask, bias), v_self)
+        keep, doc = mask.key_padding, doc_index(mask, q.device)
+        keep = None if keep is None else keep.to(q.device)
+        if not mask.causal:
+            return finish(*bidirectional_sums(fq, fk, v, ls, keep, doc, self.chunk), v_self)
+        ld = self._bias_decay(ld, bias, fq)
+        num, den, _ = causal_sums(fq, fk, v, ls, ld, keep, doc, None, None, self.chunk)
+        return finish(num, den, v_self)
+
+    def _gate(self, k: Tensor, heads: int) -> tuple[Tensor | None, Tensor | None]:
+        """Key log-scales and log-decays ``[B, H, Sk]`` of a learned gate (RFA-Gate), for the exact path."""
+        return None, None
+
+    def decode(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        state: DecodeState | None,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> tuple[Tensor, DecodeState]:
+        """Running sums ``{s, z, m}`` of the keys so far; the exact kernel or a window needs the key cache."""
+        if self.features == "exact" or self._chunked_blockers(mask, bias):
+            log_once(f"attention={self.registry_name}: decoding with a key/value cache (exact kernel or window)")
+            return super().decode(q, k, v, state, mask, bias, modifier)
+        fq, fk, ls, ld = self._features(q, k)
+        off = mask.offset
+        keep = None if mask.key_padding is None else mask.key_padding[:, off:].to(q.device)
+        doc = doc_index(mask, q.device)
+        doc0 = None if doc is None else doc[:, max(off - 1, 0)]
+        doc = None if doc is None else doc[:, off:]
+        ld = self._bias_decay(ld, bias, fq)
+        v = expand_kv(v, q.shape[1])
+        num, den, state = causal_sums(fq, fk, v, ls, ld, keep, doc, doc0, state, self.chunk)
+        return finish(num, den, v), state
+
+    # -- validation -------------------------------------------------------------------------------
+    @classmethod
+    def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        pos = selection.pos[0]
+        if pos.kind != "bias" or params.get("features") == "exact":
+            return []
+        if selection.causal and pos.decays:
+            return []
+        why = f"pos={pos.registry_name} is no such decay" if selection.causal else "this model is bidirectional"
+        ok = [
+            n
+            for n, c in POS.items()
+            if c.kind in ("none", "input", "rotary") or (c.kind == "bias" and selection.causal and c.decays)
+        ]
+        return [
+            f"attention={cls.registry_name} adds a score bias only as a per-head distance decay of its causal "
+            f"prefix sums (exp(b_ij) = lambda_h^(i-j), e.g. ALiBi), and {why}. "
+            f"Alternatives: pos in [{', '.join(ok)}], or attention.features=exact (quadratic)."
+        ]
