@@ -12,6 +12,7 @@ from xfam.attention.local import BlockLocalPattern, WindowPattern
 from xfam.attention.mask import AttnMask
 from xfam.attention.sparse import (
     SparsePattern,
+    auto_block,
     block_sparse_attention,
     dense_sparse_attention,
     pattern_dense,
@@ -157,6 +158,11 @@ def test_result_does_not_depend_on_the_tile() -> None:
     mask = AttnMask(q_len=50, k_len=50, causal=True)
     outs = [block_sparse_attention(q, k, v, WindowPattern(9, tile, True), mask) for tile in (1, 3, 8, 64)]
     assert all(torch.allclose(outs[0], o, atol=1e-10) for o in outs[1:])
+
+
+def test_auto_tile_is_the_power_of_two_near_half_the_reach_within_64_to_256() -> None:
+    assert [auto_block(r) for r in (1, 100, 128, 256, 512, 600, 4096)] == [64, 64, 64, 128, 256, 256, 256]
+    assert ATTENTION.build({"name": "local", "window": 512}, max_len=1024, causal=True).pattern.block == 256
 
 
 def test_gradients_are_finite_with_empty_rows_and_match_the_reference() -> None:

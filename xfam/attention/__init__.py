@@ -1,6 +1,6 @@
 """The ``attention`` slot: how queries meet keys. Importing this package registers every mechanism."""
 
-from xfam.attention import (
+from xfam.attention import (  # noqa: F401  (registration)
     adaptive_span,
     bigbird,
     blockwise,
@@ -16,7 +16,7 @@ from xfam.attention import (
     sinkhorn,
     strided,
     vanilla,
-)  # noqa: F401  (registration)
+)
 from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, additive_mask, expand_kv
 from xfam.attention.mask import AttnMask
 

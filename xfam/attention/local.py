@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from xfam.attention.base import ATTENTION
-from xfam.attention.sparse import SparseMechanism, SparsePattern, band_layout, window_band
+from xfam.attention.sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
 from xfam.registry import NonNegative, Positive, Probability
 
 
@@ -61,7 +61,8 @@ class Local(SparseMechanism):
         window: keys less than ``window`` positions away (causal: the query and the
             ``window - 1`` before it).
         query_block / memory: the ``block`` mode's query block length and look-back.
-        block: tile size of the block engine (speed only; the result does not depend on it).
+        block: tile size of the block engine (speed only; the result does not depend on it); null:
+            ``auto_block`` of the reach (window, or query_block + memory).
         backend: ``auto`` (the block engine), ``block`` or ``dense`` (the reference).
         dropout: dropout on the attention probabilities.
     """
@@ -77,14 +78,14 @@ class Local(SparseMechanism):
         window: Annotated[int, Positive] = 256,
         query_block: Annotated[int, Positive] = 128,
         memory: Annotated[int, NonNegative] = 128,
-        block: Annotated[int, Positive] = 64,
+        block: Annotated[int, Positive] | None = None,
         backend: Literal["auto", "block", "dense"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         if mode == "window":
-            pattern: SparsePattern = WindowPattern(window, block, causal)
+            pattern: SparsePattern = WindowPattern(window, block or auto_block(window), causal)
         else:
-            pattern = BlockLocalPattern(query_block, memory, block)
+            pattern = BlockLocalPattern(query_block, memory, block or auto_block(query_block + memory))
         super().__init__(pattern=pattern, backend=backend, dropout=dropout)
 
     @classmethod

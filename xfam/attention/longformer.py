@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from xfam.attention.base import ATTENTION
-from xfam.attention.sparse import SparseMechanism, SparsePattern, band_layout, window_band
+from xfam.attention.sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
 from xfam.registry import NonNegative, Positive, Probability
 
 
@@ -84,7 +84,8 @@ class Longformer(SparseMechanism):
         dilation: gap between window keys, one integer for all heads or one per head.
         global_tokens: positions with global attention (0: a [CLS] token in front). Positions are
             key indices of the whole input, counted from its first token.
-        block: tile of the block engine (speed only; the result does not depend on it).
+        block: tile of the block engine (speed only; the result does not depend on it); null:
+            ``auto_block`` of the window's reach.
         backend: ``auto`` (the block engine), ``block`` or ``dense`` (the reference).
         dropout: dropout on the attention probabilities.
     """
@@ -99,7 +100,7 @@ class Longformer(SparseMechanism):
         window: Annotated[int, Positive] | None = 512,
         dilation: Annotated[int, Positive] | tuple[Annotated[int, Positive], ...] = 1,
         global_tokens: tuple[Annotated[int, NonNegative], ...] = (0,),
-        block: Annotated[int, Positive] = 64,
+        block: Annotated[int, Positive] | None = None,
         backend: Literal["auto", "block", "dense"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
@@ -108,6 +109,7 @@ class Longformer(SparseMechanism):
             per_head = per_head[:1]  # shared by every head: one pattern row
         reach = None if window is None else window if causal else window // 2
         glob = tuple(sorted(set(global_tokens)))
+        block = block or auto_block((reach or 128) * max(per_head))
         super().__init__(pattern=LongformerPattern(reach, per_head, glob, block), backend=backend, dropout=dropout)
         self.window, self.dilation, self.global_tokens = window, per_head, glob
 

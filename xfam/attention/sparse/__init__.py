@@ -2,11 +2,12 @@
 
 from xfam.attention.sparse.engine import block_sparse_attention, dense_sparse_attention, pattern_dense
 from xfam.attention.sparse.mechanism import SparseMechanism
-from xfam.attention.sparse.pattern import SparsePattern, band_layout, window_band, window_layout
+from xfam.attention.sparse.pattern import SparsePattern, auto_block, band_layout, window_band, window_layout
 
 __all__ = [
     "SparseMechanism",
     "SparsePattern",
+    "auto_block",
     "band_layout",
     "block_sparse_attention",
     "dense_sparse_attention",

@@ -17,6 +17,8 @@ Positions are key indices (``AttnMask`` coordinates): queries sit at ``offset + 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -60,6 +62,13 @@ class SparsePattern:
         """Identifies the pattern's geometry, so layers with equal patterns share derived tensors."""
         public = tuple((k, v) for k, v in sorted(vars(self).items()) if not k.startswith("_"))
         return (type(self).__name__, self.block, self.heads, self.global_positions, public)
+
+
+def auto_block(reach: int) -> int:
+    """The engine tile for a band reaching ``reach`` positions: the power of two nearest ``reach / 2``
+    within [64, 256]. Larger query blocks mean larger matmuls and fewer overlapping key copies, at the
+    price of masked pairs inside the tile; at a 512 window, tile 256 measured ~1.2x faster than 64."""
+    return int(min(256, max(64, 2 ** round(math.log2(max(reach, 2) / 2)))))
 
 
 def window_band(offset: int, block: int, before: int, after: int) -> tuple[int, int]:
