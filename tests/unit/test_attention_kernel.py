@@ -17,9 +17,9 @@ from doubles import build_model, decode_logits
 
 from xfam import compat
 from xfam.attention import ATTENTION, AttnMask
-from xfam.attention.linear import gaussian_matrix
+from xfam.attention.linear import ChunkedPrefix, decayed_scan, gaussian_matrix
 from xfam.attention.performer import favor_log_features
-from xfam.attention.rfa import rff_features
+from xfam.attention.rfa import _SinCos, rff_features
 from xfam.attention.vanilla import reference_attention
 from xfam.errors import ConfigError
 from xfam.pos.alibi import AlibiBias
@@ -169,6 +169,82 @@ def test_bidirectional_sums_equal_quadratic(variant, form):
     q, k, v = qkv()
     out = fast(q, k, v, AttnMask(q_len=sq, k_len=S, **kw))
     assert torch.allclose(out, ref(q, k, v, AttnMask(q_len=sq, k_len=S, **kw)), atol=1e-10)
+
+
+def grads(mech, q, k, v, mask, bias=None) -> list[torch.Tensor]:
+    """d(loss)/d(q, k, v and every parameter) for a fixed random cotangent."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = mech(q, k, v, mask, bias)
+    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=out.dtype)
+    params = [p for p in mech.parameters() if p.requires_grad]
+    return list(torch.autograd.grad((out * cot).sum(), [q, k, v, *params]))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("form", ["plain", "offset_padding", "offset_segments_padding"])
+@pytest.mark.parametrize("alibi", [False, True])
+def test_causal_chunked_gradients_equal_quadratic(variant, form, alibi):
+    """The hand-written backward of the chunked core (``ChunkedPrefix``) against autograd on the L x L form,
+    for inputs and learned parameters (RFA's sigma and gate), with decays, padding and documents."""
+    name, params = VARIANTS[variant]
+    fast, ref = twins(name, params, True, 5)
+    sq, kw = CAUSAL_FORMS[form]
+    q, k, v = qkv(sq=sq)
+    bias = AlibiBias(H, H).double() if alibi else None
+    got = grads(fast, q, k, v, AttnMask(q_len=sq, k_len=S, causal=True, **kw), bias)
+    expected = grads(ref, q, k, v, AttnMask(q_len=sq, k_len=S, causal=True, **kw), bias)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.allclose(a, b, atol=1e-9), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "rfa_gate"])
+@pytest.mark.parametrize("form", list(BIDIR_FORMS))
+def test_bidirectional_gradients_equal_quadratic(variant, form):
+    name, params = VARIANTS[variant]
+    fast, ref = twins(name, params, False, 5)
+    sq, kw = BIDIR_FORMS[form]
+    q, k, v = qkv()
+    for a, b in zip(
+        grads(fast, q, k, v, AttnMask(q_len=sq, k_len=S, **kw)),
+        grads(ref, q, k, v, AttnMask(q_len=sq, k_len=S, **kw)),
+        strict=True,
+    ):
+        assert torch.allclose(a, b, atol=1e-9), (a - b).abs().max()
+
+
+def test_chunked_prefix_backward_passes_gradcheck():
+    """Every input of the core, a zero carry (a document start) and an initial state included."""
+    g = torch.Generator().manual_seed(0)
+    b, h, n, c, m, d = 1, 2, 4, 3, 5, 4
+    shapes = [(b, h, n, c, m), (b, h, n, c, m), (b, h, n, c, d), (b, h, n, c, c), (b, h, n, c), (b, h, n), (b, h, n, c)]
+    ins = [torch.rand(s, generator=g, dtype=torch.float64) for s in shapes]
+    ins[5][0, 0, 2] = 0.0
+    s0 = torch.randn(b, h, m, d, generator=g, dtype=torch.float64)
+    ins = [t.requires_grad_() for t in (*ins, s0)]
+    assert torch.autograd.gradcheck(ChunkedPrefix.apply, ins)
+    assert torch.autograd.gradcheck(lambda *a: ChunkedPrefix.apply(*a, None)[0], ins[:-1])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("rows", [2, 9])  # 9 rows: one op per step; 2 rows: pieces under the parallel grain
+def test_decayed_scan_equals_the_recurrence(reverse, rows):
+    g = torch.Generator().manual_seed(0)
+    x, c = torch.randn(rows, 6, 40000, generator=g), torch.rand(rows, 6, generator=g)
+    c[0, 3] = 0.0
+    init = torch.randn(rows, 40000, generator=g)
+    y, last = decayed_scan(x, c, init, reverse=reverse)
+    s, order = init, range(5, -1, -1) if reverse else range(6)
+    for j in order:
+        assert torch.allclose(y[:, j], s, atol=1e-5)
+        s = c[:, j, None] * s + x[:, j]
+    assert torch.allclose(last, s, atol=1e-5)
+
+
+def test_fused_sin_cos_features_match_and_pass_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.randn(5, 4, generator=g, dtype=torch.float64)
+    assert torch.allclose(_SinCos.apply(x, w) / math.sqrt(5), rff_features(x, w))
+    assert torch.autograd.gradcheck(_SinCos.apply, (x.requires_grad_(), w.requires_grad_()))
 
 
 def test_chunk_sizes_agree_with_each_other_and_the_unchunked_form():

@@ -9,7 +9,9 @@ With a feature map phi, attention over the visible keys j of query i is
   exp(ld_t). A score bias exp(b_ij) = lambda_h^(i - j) (ALiBi: ``bias.decay()`` = exp(-m_h)) is
   log a_t = log lambda_h, RFA's gate is a_t = g_t; a_t = 0 at a document start (packed rows).
   Computed in chunks of C positions: inside a chunk explicitly (C x C weights), across chunks through
-  the running sums, so memory is O(L (m + Dh + C) + (L / C) m Dh), linear in L;
+  the running sums, so memory is O(L (m + Dh + C) + (L / C) m Dh), linear in L. Fast path:
+  ``ChunkedPrefix``, batched matmuls plus one in-place step per chunk for the chunk states, with a
+  hand-written backward that keeps only the inputs, the C x C weights and the L / C chunk states;
 * decoding keeps only the running sums ``{s, z, m}`` (no key/value cache).
 
 Key features arrive as ``fk * exp(ls)`` (base features ``fk`` and a per-key log-scale ``ls``), so
@@ -70,6 +72,104 @@ def finish(num: Tensor, den: Tensor, v_self: Tensor) -> Tensor:
     return torch.where(empty, v_self, num / den.masked_fill(den == 0, 1.0)[..., None])
 
 
+def _b3(x: Tensor) -> Tensor:
+    """``[..., R, C]`` -> ``[N, R, C]`` (a view when possible) for ``bmm``."""
+    return x.reshape(-1, *x.shape[-2:])
+
+
+_GRAIN = 32768  # PyTorch's parallel grain: an elementwise op on fewer elements runs on the calling thread
+
+
+def decayed_scan(x: Tensor, c: Tensor, init: Tensor | None, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    """Exclusive decayed prefix sums of ``x [N, n, F]`` with carries ``c [N, n]``:
+
+        y_j = sum_{i<j} (prod_{i<l<j} c_l) x_i + (prod_{l<j} c_l) init,   returns y ``[N, n, F]`` and y_n ``[N, F]``
+
+    i.e. the recurrence y_{j+1} = c_j y_j + x_j, y_0 = init (``reverse``: the same from the end), by in-place
+    ``addcmul`` on contiguous slices, n = L / C steps: no graph, no copies. A small step (a few rows) is cut
+    into pieces under the parallel grain: n short ops would each wait on a thread barrier otherwise,
+    which costs more than the arithmetic on a busy machine.
+    """
+    big_n, n, f = x.shape
+    cols = -(-f // (_GRAIN - 1))
+    width = -(-f // cols)
+    cut = [(i, slice(a, a + width)) for i in range(big_n) for a in range(0, f, width)] if big_n * cols <= 8 else None
+    y = torch.empty_like(x)
+    y[:, n - 1 if reverse else 0] = 0.0 if init is None else init
+    for j in range(n - 1, 0, -1) if reverse else range(n - 1):
+        k = j - 1 if reverse else j + 1
+        if cut is None:
+            torch.addcmul(x[:, j], y[:, j], c[:, j, None], out=y[:, k])
+        for i, cs in cut or ():
+            torch.addcmul(x[i, j, cs], y[i, j, cs], c[i, j], out=y[i, k, cs])
+    j = 0 if reverse else n - 1
+    return y, torch.addcmul(x[:, j], y[:, j], c[:, j, None])
+
+
+class ChunkedPrefix(torch.autograd.Function):
+    """The chunked causal core with a hand-written backward (saves inputs, weights and chunk states only).
+
+    Per (batch, head) and chunk j of C positions, with q ``[n, C, m]``, k ``[n, C, m]``, v ``[n, C, D]``:
+
+        out_j = ((q_j k_j^T) * W_j) v_j + qa_j * (q_j S_j),    S_{j+1} = carry_j S_j + k_j^T (wk_j * v_j)
+
+    W ``[n, C, C]`` the intra-chunk weights (decays, key scales, masks), wk ``[n, C]`` a key's weight at
+    its chunk's end, carry ``[n]`` the decay across a chunk, qa ``[n, C]`` the decay from the chunk
+    start, s0 ``[m, D]`` the state before the first chunk. Returns out ``[n, C, D]`` and S_n. The states
+    S_0..S_{n-1} ``[n, m, D]`` (L / C of them, linear in L) are built in place by a short loop and kept
+    for the backward, which runs the reverse recurrence G_j = dS_j + carry_j G_{j+1} the same way.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, wk, carry, qa, s0):  # noqa: ANN001, ANN205
+        n = q.shape[-3]
+        qk = q @ k.transpose(-1, -2)  # [B, H, n, C, C]
+        out = (qk * w) @ v  # inside each chunk: [B, H, n, C, D]
+        kv = k.transpose(-1, -2) @ (v * wk[..., None])  # each chunk's sums at its end: [B, H, n, m, D]
+        b, h, _, m, dim = kv.shape
+        init = None if s0 is None else s0.reshape(b * h, m * dim)
+        sb, last = decayed_scan(kv.view(b * h, n, m * dim), carry.reshape(b * h, n), init)
+        sb, last = sb.view(kv.shape), last.view(b, h, m, dim)  # S_j the sums before chunk j, S_n after all
+        del kv
+        out.addcmul_(q @ sb, qa[..., None])  # across chunks, through the sums
+        ctx.save_for_backward(q, k, v, w, wk, carry, qa, qk, sb)
+        ctx.has_s0 = s0 is not None
+        return out, last
+
+    @staticmethod
+    def backward(ctx, d_out, d_last):  # noqa: ANN001, ANN205
+        q, k, v, w, wk, carry, qa, qk, sb = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        n, m, dim = q.shape[-3], q.shape[-1], v.shape[-1]
+        if d_out is None:
+            d_out = v.new_zeros(*q.shape[:-1], dim)
+        d_out = d_out.contiguous()
+        # inside the chunks
+        d_a = d_out @ v.transpose(-1, -2)  # d(qk * w): [B, H, n, C, C]
+        d_v = (qk * w).transpose(-1, -2) @ d_out
+        d_w = d_a * qk if need[3] else None
+        d_qk = d_a.mul_(w)
+        d_q, d_k = d_qk @ k, d_qk.transpose(-1, -2) @ q  # [B, H, n, C, m]
+        # across chunks: out += qa * (q S_j)
+        d_oq = d_out * qa[..., None]
+        _b3(d_q).baddbmm_(_b3(d_oq), _b3(sb).transpose(1, 2))
+        d_qa = (d_out * (q @ sb)).sum(-1) if need[6] else None
+        d_sb = q.transpose(-1, -2) @ d_oq  # [B, H, n, m, D]
+        # reverse recurrence: d_kv[j] = G_{j+1}, G_j = dS_j + carry_j G_{j+1}, G_n = d_last (a reverse scan)
+        b, h = q.shape[:2]
+        init = None if d_last is None else d_last.reshape(b * h, m * dim)
+        d_kv, d_s0 = decayed_scan(d_sb.view(b * h, n, m * dim), carry.reshape(b * h, n), init, reverse=True)
+        del d_sb
+        d_kv, d_s0 = d_kv.view(sb.shape), d_s0.view(b, h, m, dim) if ctx.has_s0 and need[7] else None
+        d_carry = (d_kv * sb).sum((-1, -2)) if need[5] else None
+        # kv_j = k_j^T (wk_j * v_j)
+        _b3(d_k).baddbmm_(_b3(v * wk[..., None]), _b3(d_kv).transpose(1, 2))
+        k_dkv = k @ d_kv  # [B, H, n, C, D]
+        d_wk = (k_dkv * v).sum(-1) if need[4] else None
+        d_v.addcmul_(k_dkv, wk[..., None])
+        return d_q, d_k, d_v, d_w, d_wk, d_carry, d_qa, d_s0
+
+
 def causal_sums(
     fq: Tensor,
     fk: Tensor,
@@ -88,7 +188,8 @@ def causal_sums(
     fq ``[B, H, Sq, m]`` are the queries of the last Sq of the T keys ``fk [B, H, T, m]``, ``v [B, H, T, Dh]``;
     ``ls [B, H, T]`` key log-scales; ``ld [B|1, H|1, T]`` log-decays (<= 0) applied when moving to position t;
     ``keep [B, T]`` False for padded keys; ``doc [B, T]`` document numbers, ``doc0 [B]`` the document of the
-    state's last key; ``state`` the running sums of earlier keys.
+    state's last key; ``state`` the running sums of earlier keys. The key scales exp(ls_t - M_t) never touch
+    the ``[T, m]`` features: they ride on the small weights (W, wk) of ``ChunkedPrefix``.
     """
     b, h, t, m = fk.shape
     sq, dv, c = fq.shape[2], v.shape[-1], min(chunk, t)  # a chunk longer than T is one chunk
@@ -104,19 +205,21 @@ def causal_sums(
         big, la = torch.zeros_like(lsd), torch.zeros_like(lsd)
     if ld is not None:
         la = la + ld
-    kf = fk * torch.exp(ls - big)[..., None]
+    lk = ls - big  # [B, H, T]: log of key t's scale relative to the running max, <= 0
     if keep is not None:
-        kf = torch.where(keep[:, None, :, None], kf, 0.0)
+        lk = lk.masked_fill(~keep[:, None], float("-inf"))  # a padded key weighs 0
     v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1)  # [B, H, T, Dh + 1]: the last column gives z
     n = -(-t // c)
     pad = n * c - t
     qf = F.pad(fq, (0, 0, t - sq, pad)) if pad or t != sq else fq  # queries aligned with their keys
     if pad:
-        kf, v1, la = F.pad(kf, (0, 0, 0, pad)), F.pad(v1, (0, 0, 0, pad)), F.pad(la, (0, pad))
-    qc, kc, vc = qf.view(b, h, n, c, m), kf.view(b, h, n, c, m), v1.view(b, h, n, c, dv + 1)
+        fk, v1, la = F.pad(fk, (0, 0, 0, pad)), F.pad(v1, (0, 0, 0, pad)), F.pad(la, (0, pad))
+        lk = F.pad(lk, (0, pad), value=float("-inf"))
+    qc, kc, vc = qf.view(b, h, n, c, m), fk.reshape(b, h, n, c, m), v1.view(b, h, n, c, dv + 1)
     a = la.view(*la.shape[:2], n, c).cumsum(-1)  # log-decay since the chunk start, [B, H, n, C]
+    lk = lk.view(b, h, n, c)
     ok = torch.ones(c, c, dtype=torch.bool, device=fk.device).tril()
-    wk, carry, qa = torch.exp(a[..., -1:] - a), torch.exp(a[..., -1]), torch.exp(a)
+    wk, carry, qa = torch.exp(a[..., -1:] - a + lk), torch.exp(a[..., -1]), torch.exp(a)
     if doc is not None:
         dp = torch.cat((doc, doc[:, -1:].expand(b, pad)), 1).view(b, 1, n, c)
         last = dp[..., -1]  # [B, 1, n]
@@ -124,15 +227,9 @@ def causal_sums(
         ok = ok & (dp[..., :, None] == dp[..., None, :])  # [B, 1, n, C, C]
         wk, carry = wk * (dp == last[..., None]), carry * (last == before)
         qa = qa * (dp == before[..., None])
-    w = torch.exp((a[..., :, None] - a[..., None, :]).masked_fill(~ok, float("-inf")))  # [B, H, n, C, C]
-    out = ((qc @ kc.transpose(-1, -2)) * w) @ vc  # inside each chunk: [B, H, n, C, Dh + 1]
-    kv = kc.transpose(-1, -2) @ (vc * wk[..., None])  # each chunk's sums, decayed to its end: [B, H, n, m, Dh + 1]
-    s = fk.new_zeros(b, h, m, dv + 1) if state is None else torch.cat((state["s"], state["z"][..., None]), -1)
-    before_chunk = []
-    for cy, kv_i in zip(carry.unbind(2), kv.unbind(2), strict=True):  # the sequential part: n small updates
-        before_chunk.append(s)
-        s = cy[..., None, None] * s + kv_i
-    out = out + (qc @ torch.stack(before_chunk, 2)) * qa[..., None]  # across chunks, through the sums
+    e = (a[..., :, None] - a[..., None, :] + lk[..., None, :]).masked_fill(~ok, float("-inf"))
+    s0 = None if state is None else torch.cat((state["s"], state["z"][..., None]), -1)
+    out, s = ChunkedPrefix.apply(qc, kc, vc, torch.exp(e), wk, carry.expand(b, h, n), qa.expand(b, h, n, c), s0)
     out = out.view(b, h, n * c, dv + 1)[:, :, t - sq : t]
     return out[..., :dv], out[..., dv], {"s": s[..., :dv], "z": s[..., dv], "m": big[..., -1]}
 
@@ -140,21 +237,28 @@ def causal_sums(
 def bidirectional_sums(
     fq: Tensor, fk: Tensor, v: Tensor, ls: Tensor, keep: Tensor | None, doc: Tensor | None, chunk: int
 ) -> tuple[Tensor, Tensor]:
-    """Every query sees every (unpadded) key of its document: global sums, or per document when packed."""
+    """Every query sees every (unpadded) key of its document: global sums, or per document when packed.
+
+    The key scales exp(ls - max ls) (one constant per (B, H)) multiply the values ``[T, Dh + 1]``, not the
+    features: sums ``[B, H, m, Dh + 1]`` = fk^T (e * [v, 1]).
+    """
     if keep is not None:  # padding never raises the stabiliser (and never overflows)
         ls = torch.where(keep[:, None], ls, ls.detach().amin(-1, keepdim=True))
-    kf = fk * torch.exp(ls - ls.detach().amax(-1, keepdim=True))[..., None]  # one constant per (B, H)
-    if keep is not None:
-        kf = torch.where(keep[:, None, :, None], kf, 0.0)
+    ls = ls - ls.detach().amax(-1, keepdim=True)  # [B, H, T], <= 0
+    e = torch.exp(ls) if keep is None else torch.exp(ls) * keep[:, None]
     if doc is None:
-        s, z = kf.transpose(-1, -2) @ v, kf.sum(2)  # [B, H, m, Dh], [B, H, m]
-        return fq @ s, (fq @ z[..., None])[..., 0]
+        v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1) * e[..., None]  # [B, H, T, Dh + 1]
+        out = fq @ (fk.transpose(-1, -2) @ v1)  # [B, H, Sq, Dh + 1]
+        return out[..., :-1], out[..., -1]
     # Per document: an inclusive causal pass plus an inclusive anti-causal pass, minus the self term.
-    off, zero = kf.shape[2] - fq.shape[2], torch.zeros_like(ls)
+    off = fk.shape[2] - fq.shape[2]
     qf = F.pad(fq, (0, 0, off, 0))
-    fwd = causal_sums(qf, kf, v, zero, doc=doc, chunk=chunk, stabilise=False)
-    bwd = causal_sums(qf.flip(2), kf.flip(2), v.flip(2), zero, doc=doc.flip(1), chunk=chunk, stabilise=False)
-    self_w = (qf * kf).sum(-1)  # [B, H, T]
+    fwd = causal_sums(qf, fk, v, ls, keep=keep, doc=doc, chunk=chunk, stabilise=False)
+    bk = None if keep is None else keep.flip(1)
+    bwd = causal_sums(
+        qf.flip(2), fk.flip(2), v.flip(2), ls.flip(2), keep=bk, doc=doc.flip(1), chunk=chunk, stabilise=False
+    )
+    self_w = (qf * fk).sum(-1) * e  # [B, H, T]
     num = fwd[0] + bwd[0].flip(2) - self_w[..., None] * v
     den = fwd[1] + bwd[1].flip(2) - self_w
     return num[:, :, off:], den[:, :, off:]

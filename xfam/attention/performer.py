@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-import torch
 from torch import Tensor
 
 from xfam.attention.base import ATTENTION
@@ -84,13 +83,12 @@ class Performer(KernelAttention):
         # log phi(x) = u - |x|^2 / 2 - log(m) / 2 with u = w . x; subtracting a row's max of u leaves
         # exp(u - max u) <= 1. For a query the rest is a per-query constant (it cancels in the ratio);
         # for a key it is kept as the key's log-scale ls, so phi(k) = fk * exp(ls) exactly.
-        w = self.proj.to(q.dtype)
-        xq, xk = self._scaled(q), self._scaled(k)
-        uq, uk = xq @ w.T, xk @ w.T  # [B, H, Sq, m], [B, Hkv, Sk, m]
-        top = uk.amax(-1, keepdim=True).detach()
-        fq = torch.exp(uq - uq.amax(-1, keepdim=True).detach())
-        ls = top[..., 0] - (xk * xk).sum(-1) / 2 - 0.5 * math.log(w.shape[0])  # [B, Hkv, Sk]
-        return fq, torch.exp(uk - top), ls, None
+        w = self.proj.to(q.dtype) * q.shape[-1] ** -0.25  # [m, Dh], the data normalisation folded in
+        uq, uk = q @ w.T, k @ w.T  # [B, H, Sq, m], [B, Hkv, Sk, m]: u = w . x
+        top = uk.detach().amax(-1, keepdim=True)
+        fq = uq.sub_(uq.detach().amax(-1, keepdim=True)).exp_()  # in place: no extra [S, m] buffers
+        ls = top[..., 0] - (k * k).sum(-1) * (0.5 / math.sqrt(k.shape[-1])) - 0.5 * math.log(w.shape[0])  # [B, Hkv, Sk]
+        return fq, uk.sub_(top).exp_(), ls, None
 
     def exact_logits(self, q: Tensor, k: Tensor) -> Tensor:
         return self._scaled(q) @ self._scaled(k).transpose(-1, -2)  # [B, H, Sq, Sk]

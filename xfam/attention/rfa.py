@@ -48,6 +48,29 @@ def rff_features(x: Tensor, w: Tensor) -> Tensor:
     return torch.cat((torch.sin(proj), torch.cos(proj)), -1) / math.sqrt(w.shape[-2])
 
 
+class _SinCos(torch.autograd.Function):
+    """[sin(x w^T), cos(x w^T)] ``[..., 2m]`` in one buffer; backward from the output alone:
+    d/dp sin p = cos p, d/dp cos p = -sin p (no saved projection, no recomputed sin/cos)."""
+
+    @staticmethod
+    def forward(ctx, x, w):  # noqa: ANN001, ANN205
+        proj = x @ w.mT  # [..., m]
+        m = proj.shape[-1]
+        out = proj.new_empty(*proj.shape[:-1], 2 * m)
+        torch.sin(proj, out=out[..., :m])
+        torch.cos(proj, out=out[..., m:])
+        ctx.save_for_backward(out, x if ctx.needs_input_grad[1] else None, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        out, x, w = ctx.saved_tensors
+        m = out.shape[-1] // 2
+        d_proj = (grad[..., :m] * out[..., m:]).addcmul_(grad[..., m:], out[..., :m], value=-1.0)  # [..., m]
+        d_w = (d_proj.mT @ x).sum_to_size(w.shape) if x is not None else None
+        return d_proj @ w, d_w
+
+
 @ATTENTION.register("rfa")
 class RFA(KernelAttention):
     """Random feature attention with sin/cos features and optional gating.
@@ -111,13 +134,15 @@ class RFA(KernelAttention):
         return F.logsigmoid(-pre), F.logsigmoid(pre)
 
     def feature_maps(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        # phi = rff_features, its 1/sqrt(m) dropped from the queries (a per-query constant: it cancels in
+        # the ratio) and moved into the keys' log-scale (no [S, 2m] pass)
         w = self.proj.to(q.dtype)
         xq, xk = self._inputs(q), self._inputs(k)
-        ls, ld = (xk * xk).sum(-1) / 2, None  # [B, Hkv, Sk]: the key norm factor (a constant when normalised)
+        ls, ld = (xk * xk).sum(-1) / 2 - 0.5 * math.log(w.shape[0]), None  # [B, Hkv, Sk]: key norm factor
         if self.gate:
             keep_scale, ld = self._gate_terms(k)
             ls = ls + keep_scale
-        return rff_features(xq, w), rff_features(xk, w), ls, ld
+        return _SinCos.apply(xq, w), _SinCos.apply(xk, w), ls, ld
 
     def _gate(self, k: Tensor, heads: int) -> tuple[Tensor | None, Tensor | None]:
         if not self.gate:
