@@ -18,7 +18,7 @@ import yaml
 from doubles import TableBias, build_model
 
 from xfam.attention import ATTENTION
-from xfam.attention.lsh import LSH, route
+from xfam.attention.lsh import LSH, _sorted_windows, bucket_attention, route
 from xfam.attention.mask import AttnMask
 from xfam.attention.routing import Routing
 from xfam.attention.sinkhorn import Sinkhorn, sinkhorn
@@ -27,6 +27,7 @@ from xfam.compat import matrix
 from xfam.errors import ConfigError
 
 B, H, D = 2, 4, 8
+ORIGINAL_SORTED_WINDOWS = _sorted_windows
 PAD = torch.tensor([[False] * 3 + [True] * 21, [True] * 19 + [False] * 5])
 SEG = torch.tensor([[0] * 10 + [1] * 14, [2] * 7 + [3] * 17])
 MASKS = {"plain": {}, "padding": {"key_padding": PAD}, "segments": {"segments": SEG}, "window": {"window": 6}}
@@ -170,6 +171,46 @@ def test_lsh_chunked_path_equals_dense_reference(causal, form):
             for backend in ("chunked", "dense")
         ]
         assert torch.allclose(*outs, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shared_self", [True, False])
+def test_lsh_fast_path_equals_dense_reference_in_values_lse_and_gradients(causal, shared_self):
+    """Plain masks without bias take the windowed fast path (its own autograd function): per-round
+    outputs, log-normalisers and the gradients of q, k, v equal the L x L reference, with ragged
+    last chunks, buckets larger than a chunk (windows of every width) and 1-3 rounds."""
+    gen = torch.Generator().manual_seed(5)
+    for n, chunk, n_buckets, rounds in ((37, 4, 3, 3), (50, 8, 2, 2), (29, 3, 8, 1), (5, 5, 2, 2)):
+        q, k, v = (rand(1, 2, n, D, seed=n + i).requires_grad_() for i in range(3))
+        buckets = torch.randint(0, n_buckets, (1, 2, rounds, n), generator=gen)
+        got = []
+        for dense in (False, True):
+            out, lse = bucket_attention(q, k, v, buckets, chunk, AttnMask(n, n, causal=causal), None, shared_self,
+                                        dense=dense)  # fmt: skip
+            weights = rand(*out.shape, seed=7)
+            lse_w = lse.masked_fill(torch.isinf(lse), 0) * (rounds > 1)  # the reference's lse is 0 for one round
+            grads = torch.autograd.grad((out * weights).sum() + lse_w.sum(), (q, k, v))
+            got.append((out, lse_w, *grads))
+        for a, b in zip(*got):
+            assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_lsh_fast_path_in_fp32_matches_fp64_and_is_used_for_plain_masks_only(monkeypatch):
+    import xfam.attention.lsh as lsh_module
+
+    calls = []
+    monkeypatch.setattr(lsh_module, "_sorted_windows", lambda *a: calls.append(1) or ORIGINAL_SORTED_WINDOWS(*a))
+    m = lsh(n_buckets=4, chunk=3, n_hashes=2)
+    q, k, v = qkv(n=24)
+    for causal in (True, False):
+        ref = m(q, k, v, AttnMask(24, 24, causal=causal))
+        out = m.float()(q.float(), k.float(), v.float(), AttnMask(24, 24, causal=causal))
+        assert torch.allclose(out.double(), ref, atol=1e-5)
+        m.double()
+    assert len(calls) == 4
+    m(q, k, v, AttnMask(24, 24, causal=True, key_padding=PAD))  # padding: the general path
+    m(q, k, v, AttnMask(24, 24, causal=True), TableBias(H))  # a score bias: the general path
+    assert len(calls) == 4
 
 
 @pytest.mark.parametrize("causal", [True, False])
