@@ -16,6 +16,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.utilities import rank_zero_only
 
+from xfam.allocator import keep_freed_memory
 from xfam.build import build_data, data_info
 from xfam.config import validate
 from xfam.errors import ConfigError
@@ -81,6 +82,7 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
     from xfam.lit.trainer import make_trainer
 
     validate(cfg)
+    log.info(keep_freed_memory())
     run_dir = Path(run_dir)
     ckpt = resolve_checkpoint(cfg.get("ckpt_path"), run_dir)
     resumed_at = check_resume(ckpt, cfg) if ckpt is not None else 0
