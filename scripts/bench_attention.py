@@ -71,10 +71,12 @@ def worker(name: str, length: int, causal: bool, repeats: int, threads: int) -> 
     import torch.nn.functional as F
 
     import xfam.attention  # noqa: F401  (registration)
+    from xfam.allocator import keep_freed_memory
     from xfam.attention.base import ATTENTION
     from xfam.attention.mask import AttnMask
     from xfam.attention.vanilla import reference_attention
 
+    keep_freed_memory()  # as train.py does, for every point (baselines included)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     mask = AttnMask(q_len=length, k_len=length, causal=causal)
@@ -84,8 +86,18 @@ def worker(name: str, length: int, causal: bool, repeats: int, threads: int) -> 
         fn = lambda q, k, v: reference_attention(q, k, v, mask)  # noqa: E731
     else:
         cfg = settings(name, length)
-        mech = ATTENTION.build(cfg, max_len=length, causal=causal, heads=HEADS, kv_heads=HEADS, head_dim=DH,
-                               dim=HEADS * DH, num_layers=1, layer=0, shared={}).train()
+        mech = ATTENTION.build(
+            cfg,
+            max_len=length,
+            causal=causal,
+            heads=HEADS,
+            kv_heads=HEADS,
+            head_dim=DH,
+            dim=HEADS * DH,
+            num_layers=1,
+            layer=0,
+            shared={},
+        ).train()
         fn = lambda q, k, v: mech(q, k, v, AttnMask(q_len=length, k_len=length, causal=causal))  # noqa: E731
     base = _rss_mb()
     q, k, v = (torch.randn(BATCH, HEADS, length, DH, requires_grad=True) for _ in range(3))
@@ -125,6 +137,7 @@ def spawn(name: str, length: int, causal: bool, args: argparse.Namespace) -> dic
         if need_gb > args.mem_limit_gb:
             return {"oom": True, "note": f"needs ~{need_gb:.0f} GB > --mem-limit-gb {args.mem_limit_gb}"}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    env["XFAM_KEEP_FREED_MEMORY"] = "0" if args.default_allocator else "1"
     if name.startswith("rev"):  # big blocks straight from mmap and back on free: peak RSS = live tensors,
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"  # not glibc's heap fragmentation (which grew ~10 MB per layer)
     cmd = [sys.executable, __file__, "--worker", name, str(length), str(int(causal))]
@@ -171,7 +184,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rev.append(res)
                 shown = res.get("peak_mb", res.get("error"))
                 print(f"reversible={reversible!s:5} layers={layers:<3} {shown} MB", flush=True)
-    return {"threads": args.threads, "repeats": args.repeats, "results": results, "reversible": rev}
+    allocator = "default" if args.default_allocator else "kept"
+    return {
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "allocator": allocator,
+        "results": results,
+        "reversible": rev,
+    }
 
 
 def main() -> None:
@@ -185,6 +205,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None, help="also save raw results here")
     p.add_argument("--from-json", type=Path, default=None, help="only render the docs from saved results")
     p.add_argument("--quick", action="store_true", help="1 repeat")
+    p.add_argument("--default-allocator", action="store_true", help="workers leave glibc's allocator as is")
     p.add_argument("--no-reversible", action="store_true", help="skip the reversible-layers memory vs depth check")
     p.add_argument("--worker", nargs=3, metavar=("NAME", "L", "CAUSAL"), help=argparse.SUPPRESS)
     args = p.parse_args()

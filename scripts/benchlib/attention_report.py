@@ -61,29 +61,52 @@ def reversible_table(rev: list[dict[str, Any]]) -> list[str]:
     layers = sorted({r["layers"] for r in rev})
     cell = lambda r: f"{r['peak_mb']:,.0f} MB" if r and "peak_mb" in r else "error"  # noqa: E731
     find = lambda n, rv: next((r for r in rev if r["layers"] == n and r["reversible"] == rv), None)  # noqa: E731
-    out = ["## Reversible residual layers: memory vs depth", "",
-           "One training step (forward + backward) of a vanilla decoder, dim 256, 4 heads, L 2048, batch 1, fp32; "
-           "peak RSS minus the RSS after the model was built, a fresh process per point, with glibc's mmap threshold "
-           "fixed at 64 KiB so that freed tensors leave the RSS (otherwise heap fragmentation adds ~10 MB per layer "
-           "to the reversible column). Parameter gradients add ~3 MB per layer to both columns.", "",
-           "| layers | " + " | ".join(str(n) for n in layers) + " |", "|---|" + "---:|" * len(layers)]
+    out = [
+        "## Reversible residual layers: memory vs depth",
+        "",
+        "One training step (forward + backward) of a vanilla decoder, dim 256, 4 heads, L 2048, batch 1, fp32; "
+        "peak RSS minus the RSS after the model was built, a fresh process per point, with glibc's mmap threshold "
+        "fixed at 64 KiB so that freed tensors leave the RSS (otherwise heap fragmentation adds ~10 MB per layer "
+        "to the reversible column). Parameter gradients add ~3 MB per layer to both columns.",
+        "",
+        "| layers | " + " | ".join(str(n) for n in layers) + " |",
+        "|---|" + "---:|" * len(layers),
+    ]
     for rv in (False, True):
         out.append(f"| {'reversible' if rv else 'ordinary'} | " + " | ".join(cell(find(n, rv)) for n in layers) + " |")
     return [*out, ""]
 
 
+ALLOCATOR = {
+    "kept": (
+        "Every point runs with xfam's allocator setting, as train.py does (`xfam/allocator.py`: glibc keeps freed "
+        "memory for reuse), so large temporaries are not faulted in again at every call: the sparse paths run "
+        "~30-45% faster than with glibc's defaults, SDPA ~2%, at the price of a higher peak RSS where freed blocks "
+        "fragment (the einsum path's at L = 8192: 10.3 GB here against 3.5 GB). The same run with the allocator "
+        "left as is: [attention_benchmarks_default_allocator.md](attention_benchmarks_default_allocator.md)."
+    ),
+    "default": (
+        "Every point runs with glibc's default allocator (`XFAM_KEEP_FREED_MEMORY=0`); the main table, "
+        "[attention_benchmarks.md](attention_benchmarks.md), runs as train.py does."
+    ),
+}
+
+
 def render(data: dict[str, Any], docs: Path) -> None:
     results = data["results"]
     lengths = sorted({r["L"] for r in results})
+    allocator = data.get("allocator", "kept")
+    name = "attention_benchmarks" if allocator == "kept" else "attention_benchmarks_default_allocator"
     out = ["# Attention mechanisms: forward+backward time and peak memory vs length", ""]
     out += [
         f"`scripts/bench_attention.py`: batch 1, 4 heads, head dim 64, fp32, {data['threads']} threads, median of "
         f"{data['repeats']} forward+backward passes after a warm-up, each point a fresh process; memory = peak RSS "
         "minus the RSS before the inputs were made. `sdpa` = PyTorch's scaled_dot_product_attention (a flash "
-        "kernel on CPU), `einsum` = the materialising reference path. Targets (issue 3) at L = 8192: >= 3x faster "
-        "than SDPA, memory slope <= 1.2 from 2k to 16k, memory <= 0.25x the einsum path's; time ~linear.",
+        f"kernel on CPU), `einsum` = the materialising reference path. {ALLOCATOR[allocator]} "
+        "Targets (issue 3) at L = 8192: >= 3x faster than SDPA, memory slope <= 1.2 from 2k to 16k, memory "
+        "<= 0.25x the einsum path's; time ~linear.",
         "",
-        "![attention benchmarks](attention_benchmarks.png)",
+        f"![attention benchmarks]({name}.png)",
         "",
     ]
     for causal in (True, False):
@@ -95,9 +118,9 @@ def render(data: dict[str, Any], docs: Path) -> None:
         out += [f"| {n} | " + " | ".join(_cell(_point(results, n, L, causal)) for L in lengths) + " |" for n in names]
         out += ["", *targets(results, causal, names, lengths), ""]
     out += reversible_table(data.get("reversible", []))
-    (docs / "attention_benchmarks.md").write_text("\n".join(out) + "\n")
-    _png(results, docs / "attention_benchmarks.png")
-    print(f"wrote {docs / 'attention_benchmarks.md'}")
+    (docs / f"{name}.md").write_text("\n".join(out) + "\n")
+    _png(results, docs / f"{name}.png")
+    print(f"wrote {docs / name}.md")
 
 
 def _png(results: list[dict[str, Any]], path: Path) -> None:
@@ -111,11 +134,13 @@ def _png(results: list[dict[str, Any]], path: Path) -> None:
         names = list(dict.fromkeys(r["name"] for r in results if r["causal"] == causal))
         for row, (key, label) in enumerate((("time_s", "forward+backward (s)"), ("peak_mb", "peak memory (MB)"))):
             ax = axes[row][col]
-            for n in names:
+            colors = plt.get_cmap("tab20")
+            for i, n in enumerate(names):
                 pts = sorted((r["L"], r[key]) for r in results if r["name"] == n and r["causal"] == causal and key in r)
                 if pts:
-                    style = "k--" if n in ("sdpa", "einsum") else "-o"
-                    ax.plot(*zip(*pts), style, label=n, markersize=3)
+                    style = {"sdpa": dict(color="k", ls="-", lw=2.5), "einsum": dict(color="k", ls="--", lw=2.5)}
+                    kw = style.get(n, dict(color=colors(i % 20), marker="o", markersize=3))
+                    ax.plot(*zip(*pts), label=n, **kw)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("sequence length L")
@@ -123,6 +148,7 @@ def _png(results: list[dict[str, Any]], path: Path) -> None:
             ax.set_title(f"{'causal' if causal else 'bidirectional'}: {label}")
             ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=7, ncol=2)
+    axes[0][1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
