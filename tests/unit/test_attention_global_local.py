@@ -373,7 +373,9 @@ def mask_forms(sq: int, sk: int, causal: bool) -> dict[str, AttnMask]:
 
 
 OFFSET_CASES = [pytest.param(*c.values, 0, id=c.id) for c in CASES] + [
-    pytest.param(*c.values, 6, id=f"{c.id}-offset") for c in CASES if "-causal" in c.id  # keys in front: a cache
+    pytest.param(*c.values, 6, id=f"{c.id}-offset")
+    for c in CASES
+    if "-causal" in c.id  # keys in front: a cache
 ]
 
 

@@ -100,6 +100,8 @@ class XfamModel(nn.Module):
 
     def _init(self, m: nn.Module) -> None:
         std = self.spec.init_std
+        if getattr(m, "own_init", False):  # a component that initialises itself (e.g. pos=dynamic's MLP)
+            return
         if isinstance(m, nn.Linear):
             scale = 1 / math.sqrt(2 * self.spec.layers) if getattr(m, "residual_out", False) else 1.0
             nn.init.normal_(m.weight, std=std * scale)
