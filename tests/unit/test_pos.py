@@ -56,6 +56,32 @@ def test_rope_scores_depend_only_on_relative_position():
     assert not torch.allclose(scores, q @ k.mT, atol=1e-3)
 
 
+def test_rope_partial_rotary_dim_rotates_the_first_channels_only():
+    torch.manual_seed(0)
+    full, part = Rope(head_dim=4), Rope(head_dim=8, rotary_dim=4)
+    x, pos = torch.randn(1, 2, 6, 8), torch.arange(6) + 3
+    y = rotated(part, x, pos)
+    assert torch.equal(y[..., 4:], x[..., 4:])  # the other channels carry no position
+    assert torch.allclose(y[..., :4], rotated(full, x[..., :4], pos))  # theta_k = base^(-2k/r)
+    q, k = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    scores = rotated(part, q, pos) @ rotated(part, k, pos).mT
+    assert torch.allclose(scores, rotated(part, q, pos + 11) @ rotated(part, k, pos + 11).mT, atol=1e-5)
+
+
+def test_rope_interpolation_divides_positions_by_the_factor():
+    x = torch.randn(1, 2, 5, 8)
+    pos = torch.tensor([0, 4, 10, 30, 100])
+    got = rotated(Rope(head_dim=8, interpolation=4.0), x, pos)
+    assert torch.allclose(got, rotated(Rope(head_dim=8), x, pos / 4.0), atol=1e-6)
+
+
+def test_rope_refuses_a_bad_rotary_dim():
+    for r in (3, 10):
+        (msg,) = POS.check({"name": "rope", "rotary_dim": r}, {"head_dim": 8})
+        assert "rotary_dim" in msg and "Fix" in msg
+    assert POS.check({"name": "rope", "rotary_dim": 8}, {"head_dim": 8}) == []
+
+
 def test_rope_refuses_an_odd_head_dim():
     (msg,) = POS.check({"name": "rope"}, {"head_dim": 7})
     assert "head_dim=7 is odd" in msg and "Fix:" in msg
@@ -185,3 +211,11 @@ def test_learned_refuses_positions_past_the_table():
     out = model(torch.randint(0, 13, (1, 8)), cache=model.empty_cache())
     with pytest.raises(ConfigError, match="position 8"):  # decoding past the table too
         model(torch.randint(0, 13, (1, 1)), cache=out.cache)
+
+
+def test_partial_and_interpolated_rope_in_a_model_decode_like_the_full_forward():
+    from doubles import decode_logits
+
+    model = build_model(pos={"name": "rope", "rotary_dim": 4, "interpolation": 2.0}, kv_heads=2)
+    x = torch.randint(0, 13, (2, 12))
+    assert torch.allclose(decode_logits(model, x, 5, 1), model(x).logits, atol=1e-5)
