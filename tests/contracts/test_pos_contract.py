@@ -91,6 +91,9 @@ def test_bidirectional_classifier(pos):
     x3 = x.clone()
     x3[:, -1] = (x3[:, -1] + 1) % V
     assert not torch.allclose(model(x3).logits[0], model(x).logits[0], atol=1e-5)
+    # Order: with weights of unit scale (at the N(0, 0.02) init, a multiplicative modifier such as DA's
+    # rescales scores of ~1e-3 and moves the logits by less than any tolerance).
+    model = build_model(pos=pos, task="classify", num_classes=3, init_std=0.5)
     perm = torch.randperm(S)
     permuted = model(x[:, perm]).logits
     if POS.get(pos).kind == "none":  # mean-pooled self-attention without positions is permutation invariant
