@@ -25,11 +25,9 @@ in front of the text (ETC uses dedicated relative-position labels there instead)
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from xfam.attention.base import ATTENTION, AttentionMechanism, expand_kv
@@ -41,6 +39,7 @@ from xfam.attention.sparse import (
     window_band,
     window_layout,
 )
+from xfam.attention.sparse.engine import dense_rows
 from xfam.logs import log_once
 from xfam.pos.base import ScoreBias, ScoreModifier
 from xfam.registry import Positive, Probability, defaults_of
@@ -138,7 +137,9 @@ class ETC(AttentionMechanism):
             log_once("attention=etc backend=auto: block engine (long rows) + dense global rows")
         long_mask = mask.memo(("etc_long", n_g), lambda: _long_mask(mask, n_g))
         out_long = block_sparse_attention(q[:, :, n_g:], k, v, self.rule(start, True), long_mask, bias, p)
-        out_glob = _global_rows(q[:, :, :n_g], k, v, mask, bias, self.rule(start, False), p)
+        kh, vh = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # [B, H, Sk, Dh]
+        rows = torch.arange(n_g, device=q.device)  # g2g and g2l: the rule's rows over every key
+        out_glob = dense_rows(q[:, :, :n_g], kh, vh, rows, mask, bias, p, self.rule(start, False))
         return torch.cat((out_glob, out_long), dim=2)  # [B, H, n_g + n_l, Dh]
 
     @classmethod
@@ -196,29 +197,3 @@ def _long_mask(mask: AttnMask, n_g: int) -> AttnMask:
         segments=mask.segments,
         window=mask.window,
     )
-
-
-def _global_rows(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, bias: ScoreBias | None, rule: ETCPattern, dropout: float
-) -> Tensor:
-    """Attention of the n_g global queries ``q [B, H, n_g, Dh]`` over every key the rule and ``mask``
-    allow (g2g and g2l): ``[B, H, n_g, Dh]``."""
-    h = q.shape[1]
-    k, v = expand_kv(k, h), expand_kv(v, h)  # [B, H, Sk, Dh]
-    rows = torch.arange(q.shape[2], device=q.device)
-    q_pos, k_pos = rows + mask.offset, torch.arange(mask.k_len, device=q.device)
-    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])  # [B, H, n_g, Sk]
-    if bias is not None:
-        scores = scores + bias.pairs(q_pos[:, None], k_pos[None, :]).to(scores.dtype)
-    ok = (rule.allowed(q_pos[:, None], k_pos[None, :]) & mask.visible(rows[:, None], k_pos[None, :]))[None, None]
-    if mask.key_padding is not None:
-        ok = ok & mask.key_padding[:, None, None, :].to(q.device)  # [B, 1, n_g, Sk]
-    if mask.segments is not None:
-        seg = mask.segments.to(q.device)
-        ok = ok & (seg[:, None, q_pos, None] == seg[:, None, None, :])
-    own = q_pos[:, None] == k_pos[None, :]
-    ok = ok | (own & ~ok.any(-1, keepdim=True))  # a query that may see nothing attends to itself
-    probs = torch.softmax(scores.masked_fill(~ok, torch.finfo(scores.dtype).min), dim=-1)
-    if dropout:
-        probs = F.dropout(probs, dropout)
-    return probs @ v  # [B, H, n_g, Dh]

@@ -201,7 +201,7 @@ def block_sparse_attention(
         empty = empty.expand(bsz, h, n_q, b).reshape(bsz, h, n_q * b, 1)[:, :, :s_q]
         out = torch.where(empty, v[:, :, mask.offset : mask.offset + s_q], out)
     if len(geo.g_rows):  # global queries see every visible key: a few dense rows
-        rows = _dense_rows(q[:, :, geo.g_rows], k, v, geo.g_rows, mask, bias, dropout)
+        rows = dense_rows(q[:, :, geo.g_rows], k, v, geo.g_rows, mask, bias, dropout)
         out = out.index_copy(2, geo.g_rows, rows)
     return out
 
@@ -213,15 +213,25 @@ def _pairs(bias: ScoreBias, q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return torch.stack([bias.pairs(q_pos[0], k_pos[h])[h] for h in range(k_pos.shape[0])])
 
 
-def _dense_rows(
-    q: Tensor, k: Tensor, v: Tensor, rows: Tensor, mask: AttnMask, bias: ScoreBias | None, dropout: float
+def dense_rows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rows: Tensor,
+    mask: AttnMask,
+    bias: ScoreBias | None,
+    dropout: float,
+    pattern: SparsePattern | None = None,
 ) -> Tensor:
-    """Full attention of the query rows ``rows`` (indices 0..Sq-1) over every visible key."""
+    """Attention of the query rows ``rows`` (indices 0..Sq-1; ``q [B, H, Gq, Dh]``, k and v expanded to
+    H heads) over every visible key, or every key ``pattern`` also allows: ``[B, H, Gq, Dh]``."""
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])  # [B, H, Gq, Sk]
     q_pos, k_pos = rows + mask.offset, torch.arange(mask.k_len, device=q.device)
     if bias is not None:
         scores = scores + bias.pairs(q_pos[:, None], k_pos[None, :]).to(scores.dtype)
     ok = mask.visible(rows[:, None], k_pos[None, :])[None, None]  # [1, 1, Gq, Sk]
+    if pattern is not None:
+        ok = ok & pattern.allowed(q_pos[:, None], k_pos[None, :])
     if mask.key_padding is not None:
         ok = ok & mask.key_padding[:, None, None, :]
     if mask.segments is not None:
