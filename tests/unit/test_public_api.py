@@ -30,3 +30,12 @@ def test_import_xfam_is_cheap() -> None:
     code = "import sys, xfam; print('torch' in sys.modules, 'lightning' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_every_slot_package_imports_first_in_a_fresh_interpreter() -> None:
+    """No import cycle depends on which package a user (or a plugin) imports first."""
+    packages = ["xfam.pos", "xfam.attention", "xfam.memory", "xfam.exit"]
+    code = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:2]]"
+    for name in packages:
+        done = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"import {name} first fails:\n{done.stderr[-2000:]}"

@@ -17,13 +17,15 @@ Positions are key indices over [memory | cache | segment] (see ``xfam.attention.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from xfam.attention.mask import AttnMask
 from xfam.registry import Component, Registry
+
+if TYPE_CHECKING:  # xfam.attention imports this module: a run-time import would be circular
+    from xfam.attention.mask import AttnMask
 
 KINDS = ("none", "input", "rotary", "bias", "modifier")
 
@@ -135,12 +137,14 @@ class PositionalEncoding(nn.Module, Component):
         """``x [B, S, D]`` plus the encoding of ``positions [S]``."""
         return x
 
-    def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
-        """Whatever ``rotate`` needs for ``positions [S]`` (computed once per forward)."""
+    def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, ...] | None:
+        """Tables ``[S, ...]`` (indexed by position along dim 0) that ``rotate`` needs for ``positions [S]``
+        (computed once per forward)."""
         return None
 
-    def rotate(self, x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
-        """Rotate ``x [B, H, S, Dh]`` with tables from ``rotary_tables``."""
+    def rotate(self, x: Tensor, tables: tuple[Tensor, ...], key: bool = False) -> Tensor:
+        """Rotate ``x [B, H, S, Dh]`` with the rows of ``rotary_tables`` at its positions: queries, or
+        keys when ``key`` (xPos scales the two differently)."""
         return x
 
     def score_bias(self) -> ScoreBias | None:
