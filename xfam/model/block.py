@@ -26,7 +26,7 @@ class LayerContext:
     mask: AttnMask
     pos: PositionalEncoding
     bias: ScoreBias | None
-    rotary: tuple[Tensor, Tensor] | None
+    rotary: tuple[Tensor, ...] | None
     decoding: bool = False
 
 
@@ -64,9 +64,8 @@ class SelfAttention(nn.Module):
             k, v = torch.cat((mk, k), dim=1), torch.cat((mv, v), dim=1)  # [B, M + S, Hkv*Dh]
         q, k, v = self._heads(q, self.heads), self._heads(k, self.kv_heads), self._heads(v, self.kv_heads)
         if ctx.rotary is not None:
-            cos, sin = ctx.rotary  # [Sk_now, Dh]
-            q = ctx.pos.rotate(q, (cos[-s:], sin[-s:]))
-            k = ctx.pos.rotate(k, (cos, sin))
+            q = ctx.pos.rotate(q, tuple(t[-s:] for t in ctx.rotary))  # tables [Sk_now, ...]: the last S rows
+            k = ctx.pos.rotate(k, ctx.rotary, key=True)
         modifier = ctx.pos.score_modifier(self.layer)
         if ctx.decoding:
             o, state = self.mechanism.decode(q, k, v, state, ctx.mask, ctx.bias, modifier)

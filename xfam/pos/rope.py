@@ -9,16 +9,26 @@ the learned projections absorb, and is cheaper (two contiguous halves instead of
 Options: ``rotary_dim`` rotates only the first r channels of each head (GPT-NeoX's partial rotary,
 x-transformers' ``rotary_emb_dim``; theta_k = base^(-2k/r)), the other Dh - r channels carry no
 position; ``interpolation`` divides positions by a factor s (position interpolation, Chen et al.,
-2023, arXiv:2306.15595: a model trained at length L reads s L positions within its trained angles).
+2023, arXiv:2306.15595: a model trained at length L reads s L positions within its trained angles);
+``xpos`` adds xPos (Sun et al., 2023, "A Length-Extrapolatable Transformer", arXiv:2212.10554): the
+query at position n is also scaled by zeta^(n / gamma) and the key at m by zeta^(-m / gamma) per
+channel pair k, zeta_k = (2k / r + 0.4) / 1.4, gamma = ``xpos_scale_base`` (512 in the paper), so the
+score gains the factor zeta^((n - m) / gamma): still relative, decaying with distance for n >= m. It
+grows for keys ahead of the query, so xPos is causal-only (as in the paper and x-transformers).
+The scale is taken from position 0 (not re-centred per call) so cached keys keep their scale;
+zeta_0^(p / gamma) stays within float range only up to ``xpos_max_position`` (about 70 gamma in
+fp32/bf16, 13 gamma in fp16), past which positions are refused with that message.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
 
+from xfam.errors import ConfigError
 from xfam.pos.base import POS, PositionalEncoding
 from xfam.registry import Positive, Range
 
@@ -32,6 +42,8 @@ class Rope(PositionalEncoding):
         base: theta base (10000 in the paper).
         rotary_dim: channels rotated per head (even, <= Dh); null: all of them.
         interpolation: position interpolation factor s >= 1 (positions / s); 1: none.
+        xpos: also scale q by zeta^(n/gamma) and k by zeta^(-m/gamma) (xPos; causal models only).
+        xpos_scale_base: gamma, positions per unit of the xPos exponent (512 in the paper).
     """
 
     paper = "Su et al., 2021, RoFormer, arXiv:2104.09864"
@@ -46,12 +58,17 @@ class Rope(PositionalEncoding):
         base: Annotated[float, Positive] = 10000.0,
         rotary_dim: Annotated[int, Positive] | None = None,
         interpolation: Annotated[float, Range(ge=1.0)] = 1.0,
+        xpos: bool = False,
+        xpos_scale_base: Annotated[float, Positive] = 512.0,
     ):
         super().__init__()
         r = rotary_dim or head_dim
-        inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float32) / r) / interpolation
+        k = torch.arange(0, r, 2, dtype=torch.float32)  # 2k, k = 0 .. r/2 - 1
+        inv_freq = base ** (-k / r) / interpolation
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [r/2]
         self.rotary_dim, self.partial = r, r < head_dim
+        self.xpos, self.xpos_scale_base = xpos, xpos_scale_base
+        self.register_buffer("zeta", (k / r + 0.4) / 1.4, persistent=False)  # [r/2], in [0.29, 1)
 
     @classmethod
     def check(cls, params: dict, ctx: dict) -> list[str]:
@@ -62,14 +79,42 @@ class Rope(PositionalEncoding):
             return [f"rotary_dim={r} must be even and at most head_dim={dh}. Fix: pos.rotary_dim in 2, 4, ..., {dh}."]
         return []
 
-    def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    @classmethod
+    def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        if params.get("xpos") and not selection.causal:
+            return [
+                "pos.xpos=true scales a score by zeta^((n - m) / gamma), which grows without bound for keys after "
+                "the query, so xPos is defined for causal models only, and this model is bidirectional. "
+                "Fix: pos.xpos=false (plain RoPE), or a causal task."
+            ]
+        return []
+
+    def xpos_max_position(self, dtype: torch.dtype) -> int:
+        """Largest position whose xPos scale zeta_0^(-p / gamma) (and its inverse) ``dtype`` can hold."""
+        return int(math.log(torch.finfo(dtype).max) / -math.log(float(self.zeta[0])) * self.xpos_scale_base)
+
+    def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, ...]:
         """``cos [S, r]`` and the signed sine ``[-sin | sin]``, so that ``rotate`` is one fused
-        multiply-add on the swapped halves (the sign of ``rotate_half`` is folded into the table)."""
+        multiply-add on the swapped halves (the sign of ``rotate_half`` is folded into the table).
+        With xPos: the pair scaled by zeta^(p / gamma) for queries, then by its inverse for keys."""
         angles = positions.to(self.inv_freq)[:, None] * self.inv_freq[None, :]  # [S, r/2]
         cos, sin = angles.cos(), angles.sin()
-        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+        cos, ssin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # [S, r]
+        if not self.xpos:
+            return cos.to(dtype), ssin.to(dtype)
+        if positions.numel() and (last := int(positions[-1])) > (top := self.xpos_max_position(dtype)):
+            raise ConfigError(
+                f"pos.xpos=true: position {last} is past {top}, the last whose xPos scale "
+                f"zeta^(p / {self.xpos_scale_base:g}) {dtype} can represent. Fix: a larger pos.xpos_scale_base, "
+                f"a wider dtype, or shorter sequences."
+            )
+        power = positions.to(self.zeta)[:, None] / self.xpos_scale_base  # [S, 1]
+        scale = self.zeta[None, :] ** power  # [S, r/2]
+        scale = torch.cat((scale, scale), dim=-1)  # [S, r]: channel k and k + r/2 share zeta_k
+        return tuple(t.to(dtype) for t in (cos * scale, ssin * scale, cos / scale, ssin / scale))
 
-    def rotate(self, x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
+    def rotate(self, x: Tensor, tables: tuple[Tensor, ...], key: bool = False) -> Tensor:
+        tables = tables[2:] if key and self.xpos else tables[:2]  # [S, r] each
         if self.partial:  # the first r channels rotate, the rest pass through
             r = self.rotary_dim
             return torch.cat((self._rotate(x[..., :r], tables), x[..., r:]), dim=-1)
