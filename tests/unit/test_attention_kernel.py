@@ -17,11 +17,13 @@ from doubles import build_model, decode_logits
 
 from xfam import compat
 from xfam.attention import ATTENTION, AttnMask
-from xfam.attention.linear import ChunkedPrefix, decayed_scan, gaussian_matrix
+from xfam.attention.linear import ChunkedPrefix, bidirectional_sums, causal_sums, decayed_scan, gaussian_matrix
 from xfam.attention.performer import favor_log_features
 from xfam.attention.rfa import _SinCos, rff_features
 from xfam.attention.vanilla import reference_attention
 from xfam.errors import ConfigError
+from xfam.exit import EXIT
+from xfam.pos import POS
 from xfam.pos.alibi import AlibiBias
 
 B, H, DH, S = 2, 4, 8, 12
@@ -162,13 +164,16 @@ def test_causal_chunked_equals_quadratic(variant, form, chunk, alibi):
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "rfa_gate"])
 @pytest.mark.parametrize("form", list(BIDIR_FORMS))
-def test_bidirectional_sums_equal_quadratic(variant, form):
+@pytest.mark.parametrize("alibi", [False, True])
+def test_bidirectional_sums_equal_quadratic(variant, form, alibi):
+    """Global sums, or (documents, symmetric ALiBi) a forward and a backward decayed scan, equal the L x L form."""
     name, params = VARIANTS[variant]
     fast, ref = twins(name, params, False, 5)
     sq, kw = BIDIR_FORMS[form]
     q, k, v = qkv()
-    out = fast(q, k, v, AttnMask(q_len=sq, k_len=S, **kw))
-    assert torch.allclose(out, ref(q, k, v, AttnMask(q_len=sq, k_len=S, **kw)), atol=1e-10)
+    bias = AlibiBias(H, H).double() if alibi else None
+    out = fast(q, k, v, AttnMask(q_len=sq, k_len=S, **kw), bias)
+    assert torch.allclose(out, ref(q, k, v, AttnMask(q_len=sq, k_len=S, **kw), bias), atol=1e-10)
 
 
 def grads(mech, q, k, v, mask, bias=None) -> list[torch.Tensor]:
@@ -199,14 +204,16 @@ def test_causal_chunked_gradients_equal_quadratic(variant, form, alibi):
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "rfa_gate"])
 @pytest.mark.parametrize("form", list(BIDIR_FORMS))
-def test_bidirectional_gradients_equal_quadratic(variant, form):
+@pytest.mark.parametrize("alibi", [False, True])
+def test_bidirectional_gradients_equal_quadratic(variant, form, alibi):
     name, params = VARIANTS[variant]
     fast, ref = twins(name, params, False, 5)
     sq, kw = BIDIR_FORMS[form]
     q, k, v = qkv()
+    bias = AlibiBias(H, H).double() if alibi else None
     for a, b in zip(
-        grads(fast, q, k, v, AttnMask(q_len=sq, k_len=S, **kw)),
-        grads(ref, q, k, v, AttnMask(q_len=sq, k_len=S, **kw)),
+        grads(fast, q, k, v, AttnMask(q_len=sq, k_len=S, **kw), bias),
+        grads(ref, q, k, v, AttnMask(q_len=sq, k_len=S, **kw), bias),
         strict=True,
     ):
         assert torch.allclose(a, b, atol=1e-9), (a - b).abs().max()
@@ -269,6 +276,66 @@ def test_decayed_prefix_sums_equal_explicitly_decayed_weights():
             expected[:, h, i] = (wts[..., None] * v[:, h, : i + 1]).sum(1) / wts.sum(1, keepdim=True)
     assert torch.allclose(out, expected, atol=1e-10)
     assert not torch.allclose(out, mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True)), atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("chunk", [1, 5, S])
+def test_decayed_scans_equal_the_dense_normalised_form_for_a_deterministic_feature_map(causal, chunk):
+    """With phi(x) = elu(x) + 1 (Katharopoulos et al., 2020) and gamma_h = exp(-m_h): the engine's decayed
+    scans equal (phi(Q) phi(K)^T * gamma^|i-j|) V / row sums, causally (j <= i) and bidirectionally."""
+    q, k, v = qkv()
+    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1  # [B, H, S, Dh]
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64)
+    dist = (torch.arange(S)[:, None] - torch.arange(S)[None, :]).double()  # i - j
+    decay = torch.exp(-slopes[:, None, None] * dist.abs())  # gamma_h^|i-j|, [H, S, S]
+    if causal:
+        decay = decay * (dist >= 0)
+    weights = (fq @ fk.mT) * decay  # [B, H, S, S]
+    expected = weights @ v / weights.sum(-1, keepdim=True)
+    ls, ld = torch.zeros(B, H, S, dtype=torch.float64), -slopes.view(1, H, 1)
+    if causal:
+        num, den, _ = causal_sums(fq, fk, v, ls, ld, chunk=chunk, stabilise=False)
+    else:
+        num, den = bidirectional_sums(fq, fk, v, ls, None, None, chunk, ld)
+    assert torch.allclose(num / den[..., None], expected, atol=1e-12)
+    if not causal:  # and the scans are not the undecayed global sums
+        plain = bidirectional_sums(fq, fk, v, ls, None, None, chunk)
+        assert not torch.allclose(plain[0] / plain[1][..., None], expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_performer_with_alibi_approaches_softmax_with_alibi_as_features_grow(causal):
+    """exp(q . k / sqrt(d) - m |i - j|) = kernel x decay: FAVOR+ with m random features on the decayed scans
+    converges to exact softmax attention with the ALiBi bias (error ~ 1/sqrt(m), averaged over draws)."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (0.5 * torch.randn(1, H, 24, DH, generator=g, dtype=torch.float64) for _ in range(3))
+    mask, bias = AttnMask(q_len=24, k_len=24, causal=causal), AlibiBias(H, H).double()
+    exact = reference_attention(q, k, v, mask, bias)
+    assert not torch.allclose(exact, reference_attention(q, k, v, mask), atol=1e-2)  # ALiBi matters here
+    errors = []
+    for m in (16, 128, 1024, 8192):
+        err = 0.0
+        for seed in range(4):
+            torch.manual_seed(seed)
+            mech = (
+                ATTENTION.build(
+                    {"name": "performer", "num_features": m, "chunk": 8},
+                    dim=H * DH,
+                    heads=H,
+                    kv_heads=H,
+                    head_dim=DH,
+                    max_len=24,
+                    causal=causal,
+                    num_layers=1,
+                    layer=0,
+                )
+                .eval()
+                .double()
+            )
+            err += (mech(q, k, v, mask, bias) - exact).pow(2).mean().sqrt().item() / 4
+        errors.append(err)
+    assert all(a > b for a, b in zip(errors, errors[1:])), errors
+    assert errors[-1] < errors[0] / 10 and errors[-1] < 0.01, errors
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -374,24 +441,48 @@ def test_save_and_load_midway_keeps_the_schedule_and_the_features():
 # -- configuration -------------------------------------------------------------------------------
 
 
-def test_alibi_is_hosted_by_a_causal_performer_and_refused_by_a_bidirectional_one():
-    model = build_model(attention={"name": "performer", "num_features": 32}, pos="alibi", layers=2)
+@pytest.mark.parametrize("name", ["performer", "rfa"])
+def test_alibi_is_hosted_in_both_directions_and_other_biases_are_refused(name):
+    model = build_model(attention={"name": name, "num_features": 32}, pos="alibi", layers=2)
     x = torch.randint(0, 13, (2, 10))
     assert torch.allclose(decode_logits(model, x, prompt=3), model(x).logits, atol=1e-5)
-    sel = compat.Selection(
-        attention=[(ATTENTION.get("performer"), {"features": "orthogonal"}, False)],
-        pos=(__import__("xfam.pos", fromlist=["POS"]).POS.get("alibi"), {}),
-        memory=[],
-        exit=(__import__("xfam.exit", fromlist=["EXIT"]).EXIT.get("none"), {}),
-        causal=False,
-    )
-    problems = compat.check(sel)
-    assert any("attention=performer" in p and "bidirectional" in p and "Alternatives:" in p for p in problems)
-    sel.causal = True
-    assert compat.check(sel) == []
+    classifier = build_model(attention={"name": name, "num_features": 32}, pos="alibi", layers=2, task="classify")
+    assert torch.isfinite(classifier(x).logits).all()
+
+    def selection(pos: str, causal: bool) -> compat.Selection:
+        return compat.Selection(
+            attention=[(ATTENTION.get(name), {"features": "orthogonal"}, False)],
+            pos=(POS.get(pos), {}),
+            memory=[],
+            exit=(EXIT.get("none"), {}),
+            causal=causal,
+        )
+
+    for causal in (True, False):
+        assert compat.check(selection("alibi", causal)) == []
+        (msg,) = compat.check(selection("t5", causal))
+        assert f"attention={name}" in msg and "pos=t5 is no such decay" in msg and "Alternatives: pos in [" in msg
+        assert "alibi" in msg and "attention.features=exact" in msg
 
 
 def test_rfa_gate_needs_a_causal_model():
     with pytest.raises(ConfigError, match="gate=true"):
         build("rfa", causal=False, gate=True)
     build("rfa", causal=True, gate=True)
+
+
+@pytest.mark.parametrize("task", ["lm", "classify"])
+def test_rope_rotates_q_and_k_before_the_feature_map(task):
+    """RoPE with kernelised attention: the model rotates q and k, then the mechanism maps them to features, so
+    the kernel estimates exp(R_i q . R_j k) = exp(q . R_{j-i} k): softmax attention with RoPE scores. In the
+    exact-kernel limit the model equals vanilla attention with RoPE (same weights). (RFA shares the path;
+    its exact limit is not plain softmax: it normalises q and k.)"""
+    name = "performer"
+    vanilla = build_model(pos="rope", task=task, init_std=0.5)  # unit-scale scores: positions matter
+    exact = build_model(attention={"name": name, "features": "exact"}, pos="rope", task=task)
+    exact.load_state_dict(vanilla.state_dict(), strict=False)  # the mechanism's own buffers stay
+    x = torch.randint(0, 13, (2, 10))
+    assert torch.allclose(exact(x).logits, vanilla(x).logits, atol=1e-5)
+    unrotated = build_model(attention={"name": name, "features": "exact"}, pos="none", task=task)
+    unrotated.load_state_dict(vanilla.state_dict(), strict=False)
+    assert not torch.allclose(unrotated(x).logits, vanilla(x).logits, atol=1e-3)  # the rotation is in the path

@@ -4,7 +4,9 @@ With a feature map phi, attention over the visible keys j of query i is
 
     o_i = phi(q_i)^T S_i / (phi(q_i)^T z_i),   S_i = sum_j w_ij phi(k_j) v_j^T,   z_i = sum_j w_ij phi(k_j)
 
-* bidirectional: one global pair (S [B, H, m, Dh], z [B, H, m]) for all queries;
+* bidirectional: one global pair (S [B, H, m, Dh], z [B, H, m]) for all queries; with a distance decay
+  exp(b_ij) = lambda_h^|i - j| (bidirectional ALiBi) or packed documents, an inclusive causal pass plus an
+  inclusive anti-causal pass (the same engine on the reversed sequence) minus the diagonal counted twice;
 * causal: the prefix recurrence S_t = a_t S_{t-1} + phi(k_t) v_t^T with a per-position decay a_t =
   exp(ld_t). A score bias exp(b_ij) = lambda_h^(i - j) (ALiBi: ``bias.decay()`` = exp(-m_h)) is
   log a_t = log lambda_h, RFA's gate is a_t = g_t; a_t = 0 at a document start (packed rows).
@@ -235,29 +237,36 @@ def causal_sums(
 
 
 def bidirectional_sums(
-    fq: Tensor, fk: Tensor, v: Tensor, ls: Tensor, keep: Tensor | None, doc: Tensor | None, chunk: int
+    fq: Tensor,
+    fk: Tensor,
+    v: Tensor,
+    ls: Tensor,
+    keep: Tensor | None,
+    doc: Tensor | None,
+    chunk: int,
+    ld: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Every query sees every (unpadded) key of its document: global sums, or per document when packed.
 
     The key scales exp(ls - max ls) (one constant per (B, H)) multiply the values ``[T, Dh + 1]``, not the
-    features: sums ``[B, H, m, Dh + 1]`` = fk^T (e * [v, 1]).
+    features: sums ``[B, H, m, Dh + 1]`` = fk^T (e * [v, 1]). ``ld [1, H, 1]`` a per-head log-rate: key j
+    weighs lambda_h^|i - j| for query i (symmetric ALiBi), by a forward and a backward decayed scan.
     """
     if keep is not None:  # padding never raises the stabiliser (and never overflows)
         ls = torch.where(keep[:, None], ls, ls.detach().amin(-1, keepdim=True))
     ls = ls - ls.detach().amax(-1, keepdim=True)  # [B, H, T], <= 0
     e = torch.exp(ls) if keep is None else torch.exp(ls) * keep[:, None]
-    if doc is None:
+    if doc is None and ld is None:
         v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1) * e[..., None]  # [B, H, T, Dh + 1]
         out = fq @ (fk.transpose(-1, -2) @ v1)  # [B, H, Sq, Dh + 1]
         return out[..., :-1], out[..., -1]
-    # Per document: an inclusive causal pass plus an inclusive anti-causal pass, minus the self term.
+    # An inclusive causal pass plus an inclusive anti-causal pass (per document), minus the self term
+    # (weight lambda^0 = 1, counted by both). A constant rate per head reads the same in either direction.
     off = fk.shape[2] - fq.shape[2]
     qf = F.pad(fq, (0, 0, off, 0))
-    fwd = causal_sums(qf, fk, v, ls, keep=keep, doc=doc, chunk=chunk, stabilise=False)
-    bk = None if keep is None else keep.flip(1)
-    bwd = causal_sums(
-        qf.flip(2), fk.flip(2), v.flip(2), ls.flip(2), keep=bk, doc=doc.flip(1), chunk=chunk, stabilise=False
-    )
+    fwd = causal_sums(qf, fk, v, ls, ld, keep=keep, doc=doc, chunk=chunk, stabilise=False)
+    bk, bd = (None if t is None else t.flip(1) for t in (keep, doc))
+    bwd = causal_sums(qf.flip(2), fk.flip(2), v.flip(2), ls.flip(2), ld, keep=bk, doc=bd, chunk=chunk, stabilise=False)
     self_w = (qf * fk).sum(-1) * e  # [B, H, T]
     num = fwd[0] + bwd[0].flip(2) - self_w[..., None] * v
     den = fwd[1] + bwd[1].flip(2) - self_w
@@ -311,7 +320,7 @@ class KernelAttention(AttentionMechanism):
     """
 
     hosts_modifiers = False
-    accepts_bias = True  # only a causal distance decay on the chunked path (see ``refusals``)
+    accepts_bias = True  # only a distance decay lambda_h^|i-j| on the chunked path (see ``refusals``)
     backends: ClassVar[tuple[str, ...]] = ("chunked", "quadratic")
 
     def __init__(self, *, rows: int, head_dim: int, features: str, redraw_every: int | None, chunk: int, backend: str):
@@ -352,8 +361,8 @@ class KernelAttention(AttentionMechanism):
     # -- paths ------------------------------------------------------------------------------------
     def _chunked_blockers(self, mask: AttnMask, bias: ScoreBias | None) -> list[str]:
         out = ["a window mask"] if mask.window is not None else []
-        if bias is not None and (not mask.causal or bias.decay() is None):
-            out.append("a score bias that is not a causal distance decay")
+        if bias is not None and bias.decay() is None:
+            out.append("a score bias that is not a distance decay")
         return out
 
     def _path(self, mask: AttnMask, bias: ScoreBias | None) -> str:
@@ -397,9 +406,9 @@ class KernelAttention(AttentionMechanism):
             return finish(*quadratic(fq, fk, v, ls, ld, mask, bias), v_self)
         keep, doc = mask.key_padding, doc_index(mask, q.device)
         keep = None if keep is None else keep.to(q.device)
-        if not mask.causal:
-            return finish(*bidirectional_sums(fq, fk, v, ls, keep, doc, self.chunk), v_self)
         ld = self._bias_decay(ld, bias, fq)
+        if not mask.causal:  # ld: the bias's per-head rate only (RFA's gate is causal-only)
+            return finish(*bidirectional_sums(fq, fk, v, ls, keep, doc, self.chunk, ld), v_self)
         num, den, _ = causal_sums(fq, fk, v, ls, ld, keep, doc, None, None, self.chunk)
         return finish(num, den, v_self)
 
@@ -438,16 +447,11 @@ class KernelAttention(AttentionMechanism):
         pos = selection.pos[0]
         if pos.kind != "bias" or params.get("features") == "exact":
             return []
-        if selection.causal and pos.decays:
+        if pos.decays:
             return []
-        why = f"pos={pos.registry_name} is no such decay" if selection.causal else "this model is bidirectional"
-        ok = [
-            n
-            for n, c in POS.items()
-            if c.kind in ("none", "input", "rotary") or (c.kind == "bias" and selection.causal and c.decays)
-        ]
+        ok = [n for n, c in POS.items() if c.kind in ("none", "input", "rotary") or (c.kind == "bias" and c.decays)]
         return [
-            f"attention={cls.registry_name} adds a score bias only as a per-head distance decay of its causal "
-            f"prefix sums (exp(b_ij) = lambda_h^(i-j), e.g. ALiBi), and {why}. "
+            f"attention={cls.registry_name} adds a score bias only as a per-head distance decay of its prefix "
+            f"sums (exp(b_ij) = lambda_h^|i-j|, e.g. ALiBi), and pos={pos.registry_name} is no such decay. "
             f"Alternatives: pos in [{', '.join(ok)}], or attention.features=exact (quadratic)."
         ]

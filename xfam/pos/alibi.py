@@ -5,7 +5,8 @@ sequence starting at ``2^(-8/n)`` with the same ratio; for a head count that is 
 the authors' reference code (ofirpress/attention_with_linear_biases, also fairseq and
 x-transformers) takes the slopes of the closest lower power of two, then every other slope of the
 doubled count. In a causal model ``|i - j| = i - j`` on every visible pair; the bidirectional form
-is the symmetric one. The bias is a pure distance decay: ``exp(bias) = exp(-m_h) ** (i - j)``.
+is the symmetric one. The bias is a pure distance decay: ``exp(bias) = exp(-m_h) ** |i - j|``, which
+kernelised attention (performer, rfa) hosts exactly as decayed prefix sums (``xfam.attention.linear``).
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ class ScoreBias(nn.Module):
     (a) ``dense(mask)``: ``[1, H, Sq, Sk]`` for reference paths (memoised per forward);
     (b) ``pairs(q_pos, k_pos)``: values on gathered index pairs for sparse/bucketed paths;
     (c) ``kernel_params()``: a parametric description a fused kernel can evaluate in-kernel;
-    (d) ``decay()``: per-head rates lambda_h with exp(b[h,i,j]) = lambda_h ** (i - j) for i >= j,
-        when the bias is a pure distance decay (lets kernelised attention host it).
+    (d) ``decay()``: per-head rates lambda_h with exp(b[h,i,j]) = lambda_h ** |i - j| on every pair,
+        when the bias is a pure, symmetric distance decay (lets kernelised attention host it: causal,
+        one decayed prefix sum; bidirectional, a forward plus a backward one).
     """
 
     heads: int
@@ -64,7 +65,7 @@ class ScoreBias(nn.Module):
         return None
 
     def decay(self) -> Tensor | None:
-        """Per-head decay ``[H]`` if the bias equals ``(i - j) * log(decay)`` causally, else None."""
+        """Per-head decay ``[H]`` if the bias equals ``|i - j| * log(decay)`` on every pair, else None."""
         return None
 
     def select_heads(self, start: int, stop: int) -> ScoreBias:
@@ -123,8 +124,8 @@ class PositionalEncoding(nn.Module, Component):
         bounded: positions at or beyond ``max_len`` cannot be encoded (a learned table).
         hosts: for a ``modifier``: the mechanisms it can run inside (None: any mechanism with
             ``hosts_modifiers``).
-        decays: for a ``bias``: its ``ScoreBias.decay()`` is not None (a pure causal distance decay),
-            so causal kernelised attention can host it as a decayed prefix sum.
+        decays: for a ``bias``: its ``ScoreBias.decay()`` is not None (a pure distance decay), so
+            kernelised attention can host it as decayed prefix sums.
     """
 
     kind: ClassVar[str] = "none"
