@@ -26,6 +26,7 @@ from doubles import TableBias, ToyModifier, xfam_components
 from xfam.attention import ATTENTION, AttnMask
 from xfam.attention.base import expand_kv
 from xfam.attention.vanilla import reference_attention
+from xfam.pos.alibi import AlibiBias
 from xfam.registry import signature_params
 
 B, H, DH, S = 2, 4, 8, 12
@@ -171,6 +172,20 @@ def test_parity_with_reference_on_every_mask_form(name, params, causal, form):
         out = mech(q, k, v, mask, bias)
         assert torch.allclose(out, reference_attention(q, k, v, mask, bias), atol=TOL)
         assert not torch.allclose(out, reference_attention(q, k, v, mask), atol=1e-3)  # the bias mattered
+
+
+@pytest.mark.parametrize(("name", "params", "causal"), [c for c in cases() if ATTENTION.get(c.values[0]).accepts_bias])
+def test_a_score_bias_is_added_after_the_scaling(name, params, causal):
+    """softmax(q k^T / sqrt(d) + b): the bias (ALiBi's -m|i-j|) is not scaled by 1/sqrt(d). With q = 0 the
+    weights are softmax(b) exactly (d = 8: a scaled bias would be visibly flatter)."""
+    mech = build(name, params, causal)
+    _, k, v = qkv()
+    q = torch.zeros(B, H, S, DH)
+    bias, mask = AlibiBias(H, H), AttnMask(q_len=S, k_len=S, causal=causal)
+    bias.slopes *= 8.0  # steep enough to tell b from b / sqrt(8)
+    b = bias.dense(mask)  # [1, H, S, S]: -m_h |i - j|
+    weights = b.masked_fill(~mask.dense(), float("-inf")).softmax(-1) if causal else b.softmax(-1)
+    assert torch.allclose(mech(q, k, v, mask, bias), weights @ v, atol=TOL)
 
 
 @pytest.mark.parametrize(("name", "causal", "form"), modifier_cases())

@@ -115,3 +115,19 @@ def test_sdpa_path_equals_reference_path(pos, task):
     for kw in ({}, {"key_padding": pad}, {"segments": seg}):
         a, b = fast(x, **kw).logits, ref(x, **kw).logits
         assert torch.allclose(a, b, atol=1e-5), kw
+
+
+@pytest.mark.parametrize("pos", POS_NAMES)
+@pytest.mark.parametrize("task", ["lm", "classify"])
+def test_a_shift_of_every_position_changes_nothing_exactly_when_relative(pos, task):
+    """Left padding moves the real tokens to positions c..c+S-1. A relative encoding (``relative = True``:
+    ALiBi, RoPE, T5, Shaw, XL, DA, dynamic, none) gives the same outputs; an absolute one does not."""
+    model = build_model(pos=pos, task=task, init_std=0.5)  # unit-scale scores: positions matter
+    x = tokens()
+    for c in (1, 7):
+        shifted = torch.cat((torch.zeros(2, c, dtype=x.dtype), x), 1)
+        pad = torch.cat((torch.zeros(2, c, dtype=torch.bool), torch.ones(2, S, dtype=torch.bool)), 1)
+        base, moved = model(x).logits, model(shifted, key_padding=pad).logits
+        moved = moved[:, c:] if task == "lm" else moved
+        same = torch.allclose(moved, base, atol=1e-4)
+        assert same == POS.get(pos).relative, f"pos={pos}: shift by {c} {'changed' if not same else 'kept'} outputs"
