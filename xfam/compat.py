@@ -42,10 +42,13 @@ def _attention_vs_pos(att: type[AttentionMechanism], pos: type[PositionalEncodin
     if pos.kind == "bias" and not att.accepts_bias:
         return f"attention={name} cannot add a score bias, which pos={pname} is"
     if pos.kind == "modifier":
-        if not att.hosts_modifiers:
-            return f"attention={name} never computes explicit scores, so it cannot host pos={pname}"
         if pos.hosts is not None and name not in pos.hosts:
-            return f"pos={pname} runs only inside attention in {sorted(pos.hosts)}"
+            return f"pos={pname} runs only inside attention in {sorted(pos.hosts)} ({pos.hosts_why})"
+        if not att.hosts_modifiers:
+            return (
+                f"attention={name} never forms the full score matrix a score modifier changes, "
+                f"so it cannot host pos={pname}"
+            )
         if per_head:
             return f"pos={pname} (a score modifier) cannot be split across a per_head schedule"
     return None

@@ -81,7 +81,7 @@ def test_sdpa_cannot_host_a_modifier_and_the_message_names_the_fix():
 
 def test_modifier_needs_explicit_scores():
     (msg,) = compat.check(selection("toy_causal_only", "toy_modifier"))
-    assert "never computes explicit scores" in msg and "pos=toy_modifier" in msg
+    assert "never forms the full score matrix" in msg and "pos=toy_modifier" in msg
     assert "vanilla" in listed(msg.split(" or ", 1)[1], "attention")
 
 
@@ -113,3 +113,15 @@ def test_matrix():
     assert m[("vanilla", "alibi")] is None and m[("vanilla", "toy_modifier")] is None
     assert "score bias" in m[("toy_causal_only", "alibi")]
     assert m[("toy_causal_only", "rope")] is None
+
+
+def test_score_modifiers_declare_their_hosts_and_the_others_refuse_with_the_reason():
+    """Shaw, Transformer-XL and DA change the dense score matrix: each names the mechanisms that can host it."""
+    for pos in ("shaw", "xl", "da"):
+        cls = POS.get(pos)
+        assert cls.kind == "modifier" and cls.hosts == frozenset({"vanilla"}) and cls.hosts_why
+        assert compat.check(selection("vanilla", pos)) == []
+        for att in ("local", "lsh", "performer", "linformer"):
+            (msg,) = compat.check(selection(att, pos, causal=att != "linformer"))
+            assert f"pos={pos} runs only inside attention in ['vanilla']" in msg and cls.hosts_why in msg
+            assert "rope" in listed(msg, "pos") and listed(msg.split(" or ", 1)[1], "attention") == ["vanilla"]

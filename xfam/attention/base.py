@@ -31,7 +31,7 @@ class AttentionMechanism(nn.Module, Component):
     Capabilities:
         causal / bidirectional: which masks the mechanism can honour.
         accepts_bias: adds a ``ScoreBias`` to its scores.
-        hosts_modifiers: computes explicit scores, so a ``ScoreModifier`` can run inside it.
+        hosts_modifiers: forms the full ``[B, H, Sq, Sk]`` score matrix, so a ``ScoreModifier`` can run inside it.
         accepts_memory: keys may include memory or cache in front of the queries.
         fixed_length: needs every sequence to have exactly ``max_len`` tokens.
         aux_loss: returns auxiliary losses (``aux_losses``), which need a normal autograd graph.

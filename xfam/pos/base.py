@@ -123,7 +123,7 @@ class PositionalEncoding(nn.Module, Component):
             their meaning in the next segment (required by the memory slot).
         bounded: positions at or beyond ``max_len`` cannot be encoded (a learned table).
         hosts: for a ``modifier``: the mechanisms it can run inside (None: any mechanism with
-            ``hosts_modifiers``).
+            ``hosts_modifiers``); ``hosts_why`` says why only those (shown in the refusal).
         decays: for a ``bias``: its ``ScoreBias.decay()`` is not None (a pure distance decay), so
             kernelised attention can host it as decayed prefix sums.
     """
@@ -132,6 +132,7 @@ class PositionalEncoding(nn.Module, Component):
     relative: ClassVar[bool] = False
     bounded: ClassVar[bool] = False
     hosts: ClassVar[frozenset[str] | None] = None
+    hosts_why: ClassVar[str] = ""
     decays: ClassVar[bool] = False
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:

@@ -50,6 +50,8 @@ class DA(PositionalEncoding):
     paper = "Wu, Wu & Huang, NAACL 2021, arXiv:2010.06925 (DA-Transformer)"
 
     kind = "modifier"
+    hosts = frozenset({"vanilla"})
+    hosts_why = "it multiplies the dense ReLU score matrix by a learned function of every distance"
     relative = True
 
     def __init__(self, *, heads: int, num_layers: int):

@@ -63,6 +63,8 @@ class Shaw(PositionalEncoding):
     paper = "Shaw, Uszkoreit & Vaswani, NAACL 2018, arXiv:1803.02155"
 
     kind = "modifier"
+    hosts = frozenset({"vanilla"})
+    hosts_why = "its key term q_i . a_ij and value term sum_j p_ij a^V_ij use the dense scores and probabilities"
     relative = True
 
     def __init__(self, *, head_dim: int, num_layers: int, clip: Annotated[int, Positive] = 16, values: bool = True):

@@ -51,6 +51,8 @@ class XL(PositionalEncoding):
     paper = "Dai et al., ACL 2019, arXiv:1901.02860 (Transformer-XL)"
 
     kind = "modifier"
+    hosts = frozenset({"vanilla"})
+    hosts_why = "its position terms are computed per distinct distance and shifted into the dense score matrix"
     relative = True
 
     def __init__(self, *, dim: int, heads: int, head_dim: int, num_layers: int):
