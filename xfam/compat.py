@@ -139,3 +139,16 @@ def check(sel: Selection) -> list[str]:
 def matrix() -> dict[tuple[str, str], str | None]:
     """attention x pos compatibility for ``xfam list``: None where they combine, else the reason."""
     return {(a, p): _attention_vs_pos(acls, pcls, False) for a, acls in ATTENTION.items() for p, pcls in POS.items()}
+
+
+def setting_refusals(attention: str, pos: str) -> list[str]:
+    """The components' own refusals of a pair that ``matrix`` allows, at their default settings, in each
+    direction the mechanism supports (e.g. performer's: a score bias that is not a distance decay)."""
+    from xfam.registry import defaults_of
+
+    att, pcls = ATTENTION.get(attention), POS.get(pos)
+    out = []
+    for causal in [c for c, ok in ((True, att.causal), (False, att.bidirectional)) if ok]:
+        sel = Selection([(att, defaults_of(att), False)], (pcls, defaults_of(pcls)), [], (EXIT.get("none"), {}), causal)
+        out += att.refusals(sel.attention[0][1], sel) + pcls.refusals(sel.pos[1], sel)
+    return list(dict.fromkeys(out))

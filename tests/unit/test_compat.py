@@ -125,3 +125,13 @@ def test_score_modifiers_declare_their_hosts_and_the_others_refuse_with_the_reas
             (msg,) = compat.check(selection(att, pos, causal=att != "linformer"))
             assert f"pos={pos} runs only inside attention in ['vanilla']" in msg and cls.hosts_why in msg
             assert "rope" in listed(msg, "pos") and listed(msg.split(" or ", 1)[1], "attention") == ["vanilla"]
+
+
+def test_setting_refusals_of_pairs_the_capability_matrix_allows():
+    """``xfam list`` marks these pairs yes*: performer and rfa take ALiBi, but T5 only with the exact kernel."""
+    for att in ("performer", "rfa"):
+        assert compat.matrix()[(att, "t5")] is None
+        (msg,) = compat.setting_refusals(att, "t5")
+        assert "pos=t5 is no such decay" in msg and "attention.features=exact" in msg
+        assert compat.setting_refusals(att, "alibi") == [] and compat.setting_refusals(att, "rope") == []
+    assert compat.setting_refusals("vanilla", "shaw") == []

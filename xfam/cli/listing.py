@@ -53,10 +53,13 @@ def listing() -> str:
     poss = sorted({p for _, p in table})
     width = max(map(len, poss)) + 2
     lines.append(" " * 14 + "".join(p.ljust(width) for p in poss))
+    notes = {(a, p): compat.setting_refusals(a, p) for a, p in table if table[a, p] is None}
     for a in atts:
-        lines.append(a.ljust(14) + "".join(("yes" if table[a, p] is None else "NO").ljust(width) for p in poss))
+        cells = ["NO" if table[a, p] is not None else "yes*" if notes[a, p] else "yes" for p in poss]
+        lines.append(a.ljust(14) + "".join(c.ljust(width) for c in cells))
     reasons = sorted({r for r in table.values() if r})
     lines += [f"  NO: {r}" for r in reasons]
+    lines += sorted({f"  yes*: not at its default settings: {r}" for rs in notes.values() for r in rs})
     lines.append("\nMemory components need relative positions and loader.streams=true unless they say otherwise;")
     lines.append("`python train.py ...` checks the whole selection before it starts and names alternatives.")
     return "\n".join(lines)
