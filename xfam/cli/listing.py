@@ -11,8 +11,10 @@ from xfam.registry import Registry, defaults_of
 
 
 def capabilities(registry: Registry) -> list[str]:
-    """The capability flags a slot's base class declares (its ClassVar attributes)."""
-    return [k for k, v in registry.base.__annotations__.items() if "ClassVar" in str(v) and not k.startswith("_")]
+    """The capability flags a slot's base class declares (its ClassVar attributes; ``*_why`` are the reasons
+    shown in refusals, not capabilities)."""
+    annotations = registry.base.__annotations__.items()
+    return [k for k, v in annotations if "ClassVar" in str(v) and not k.startswith("_") and not k.endswith("_why")]
 
 
 def summary(cls: type) -> str:
