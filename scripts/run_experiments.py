@@ -1,8 +1,9 @@
-"""Run the attention experiments of issue 3 and write their tables (and plots) into docs/results.md.
+"""Run the experiments of issues 3 and 4 and write their tables (and plots) into docs/results.md.
 
     python scripts/run_experiments.py lra_listops             # ListOps: every attention, one shared backbone
     python scripts/run_experiments.py lsh_copy                # duplication: lsh at 1/2/4/8 eval rounds vs local
-    python scripts/run_experiments.py all                     # both
+    python scripts/run_experiments.py extrapolation           # every pos trained at L=64, evaluated at 64..1024
+    python scripts/run_experiments.py all                     # all three
     python scripts/run_experiments.py lra_listops --only vanilla,lsh --set trainer.max_steps=50
     python scripts/run_experiments.py all --dry-run           # compose and validate every run, train nothing
 
@@ -17,7 +18,12 @@ training is recorded with its reason and the sweep goes on.
 After the runs: ListOps tables report each attention's test accuracy against vanilla and against
 the majority-class rate of the test split (counted from its labels); runs with ``eval_hashes``
 in the sweep file are evaluated on the test split once per number of evaluation hash rounds
-(``attention.eval_hashes``, through the Python API: ``xfam eval`` takes no overrides). Tables go
+(``attention.eval_hashes``, through the Python API: ``xfam eval`` takes no overrides). Sweeps with
+``eval_lengths`` (extrapolation) evaluate every run's last checkpoint on the first ``eval_tokens``
+targets of the test split at each evaluation length, with each protocol of ``eval_protocols``
+(``nonoverlapping`` chunks, or ``sliding`` windows moved by ``eval_stride``; see
+xfam/extrapolation.py), cached in ``<run>/extrapolation.json``; a length the model refuses (learned
+positions past ``model.max_len``) is recorded as refused with the model's message. Tables go
 between ``<!-- experiments:<name>:start/end -->`` markers of the results file (the prose around
 them is kept), raw results to ``<out>/<experiment>/results.json``, plots next to the results file.
 """
@@ -60,6 +66,8 @@ class Run:
     params: int | None = None
     run_dir: str = ""
     eval_hashes: list[dict[str, Any]] = field(default_factory=list)
+    lengths: list[dict[str, Any]] = field(default_factory=list)  # extrapolation: one entry per (protocol, L)
+    eval_seconds: float | None = None
 
     @property
     def command(self) -> str:
@@ -243,6 +251,45 @@ def eval_rounds(run: Run, rounds: list[int], split: str = "test") -> None:
     cache.write_text(json.dumps(run.eval_hashes, indent=1))
 
 
+def eval_lengths(run: Run, sweep: dict[str, Any]) -> None:
+    """Evaluate the run's last checkpoint at every length and protocol of the sweep (xfam.extrapolation);
+    cached in ``<run>/extrapolation.json``, reused while the settings and the checkpoint's step match."""
+    from xfam.extrapolation import evaluate_checkpoint
+    from xfam.lit.checkpoint import read
+
+    ckpt = Path(run.run_dir) / "checkpoints" / "last.ckpt"
+    settings = {**length_settings(sweep), "step": read(ckpt)["global_step"]}
+    cache = Path(run.run_dir) / "extrapolation.json"
+    if cache.exists() and (done := json.loads(cache.read_text()))["settings"] == settings:
+        run.lengths, run.eval_seconds = done["results"], done["seconds"]
+        return
+    start = time.perf_counter()
+    kwargs = {k: settings[k] for k in ("stride", "tokens", "split")}
+    run.lengths = evaluate_checkpoint(ckpt, settings["lengths"], settings["protocols"], **kwargs)
+    run.eval_seconds = time.perf_counter() - start
+    cache.write_text(json.dumps({"settings": settings, "results": run.lengths, "seconds": run.eval_seconds}, indent=1))
+    for e in run.lengths:
+        what = (
+            f"refused: {one_line(e['refused'], 120)}"
+            if "refused" in e
+            else f"ppl {e['ppl']:.3f} ({e['seconds']:.0f} s)"
+        )
+        print(f"    L={e['length']:<5} {e['protocol']:<14} {what}", flush=True)
+
+
+def length_settings(sweep: dict[str, Any]) -> dict[str, Any]:
+    """The extrapolation evaluation of a sweep entry (its ``eval_*`` keys), with defaults."""
+    from xfam.extrapolation import DEFAULT_STRIDE, PROTOCOLS
+
+    return {
+        "lengths": [int(x) for x in sweep["eval_lengths"]],
+        "protocols": list(sweep.get("eval_protocols", PROTOCOLS)),
+        "stride": int(sweep.get("eval_stride", DEFAULT_STRIDE)),
+        "tokens": int(sweep.get("eval_tokens", 16384)),
+        "split": "test",
+    }
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -333,6 +380,110 @@ def copy_report(runs: list[Run], summary: dict[str, Any]) -> str:
         ]
         lines += [f"| {e['eval_hashes']} | {e['acc']:.4f} | {e['loss']:.4f} |" for e in r.eval_hashes]
     return "\n".join(lines + ["", budget_line(runs)])
+
+
+def extrapolation_report(runs: list[Run], summary: dict[str, Any]) -> str:
+    train_len, lengths = summary["train_len"], summary["lengths"]
+    stride = summary["stride"]
+    lines = [
+        f"Perplexity (bytes; lower is better) on the same {summary['tokens']:,} targets (the first of the test "
+        f"split's stream) at each evaluation length L; in brackets the ratio to the same model at L = {train_len}, "
+        f"its training length. `nonoverlapping`: consecutive chunks of L, each from scratch; `sliding`: windows "
+        f"of L moved by {stride} tokens, each scoring its last {stride} (every target after the first window "
+        f"has at least L - {stride} tokens of context).",
+    ]
+    notes: dict[str, str] = {}
+    for protocol in summary["protocols"]:
+        lines += [
+            "",
+            f"**{protocol}**" + (f" (stride {stride})" if protocol == "sliding" else ""),
+            "",
+            "| pos | " + " | ".join(f"L={n}" for n in lengths) + " |",
+            "|---|" + "---:|" * len(lengths),
+        ]
+        for r in runs:
+            by_len = {e["length"]: e for e in r.lengths if e["protocol"] == protocol}
+            base = by_len.get(train_len, {}).get("ppl")
+            cells = []
+            for n in lengths:
+                e = by_len.get(n)
+                if e is None:
+                    cells.append("-")
+                elif "refused" in e:
+                    notes.setdefault(r.label, e["refused"])
+                    cells.append("refused")
+                else:
+                    ratio = f" ({e['ppl'] / base:.2f}×)" if base else ""
+                    cells.append(f"{e['ppl']:.3f}{ratio}")
+            lines.append(f"| `{r.label}` | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"| run | command | params | test loss (L={train_len} rows) | train s | eval s | status |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in runs:
+        status = "ok" if r.status in ("ok", "reused") else f"**{r.status}**: {one_line(r.reason)}"
+        lines.append(
+            f"| `{r.label}` | `{r.command.removeprefix('python train.py ')}` | "
+            f"{f'{r.params:,}' if r.params else '-'} | {fmt(r.metrics.get('test/loss'), 4)} | {fmt(r.seconds, 0)} | "
+            f"{fmt(r.eval_seconds, 0)} | {status} |"
+        )
+    for label, message in notes.items():
+        lines += ["", f"`{label}` refused the longer lengths: {one_line(message, 400)}"]
+    evals = [r.eval_seconds for r in runs if r.eval_seconds is not None]
+    return "\n".join(
+        lines + ["", budget_line(runs) + f" Evaluation wall time: {sum(evals) / 60:.1f} min over {len(evals)} runs."]
+    )
+
+
+def plot_extrapolation(runs: list[Run], summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    protocols, lengths = summary["protocols"], summary["lengths"]
+    fig, axes = plt.subplots(1, len(protocols), figsize=(5.6 * len(protocols), 5.6), sharey=True, squeeze=False)
+    colors = [*plt.get_cmap("tab10").colors, "black", "darkgoldenrod", "navy", "lime"]
+    markers = "osD^v<>pPhX*"
+    ppls = [e["ppl"] for r in runs for e in r.lengths if "ppl" in e]
+    for ax, protocol in zip(axes[0], protocols):
+        for i, r in enumerate(runs):
+            pts = [(e["length"], e["ppl"]) for e in r.lengths if e["protocol"] == protocol and "ppl" in e]
+            if not pts:
+                continue
+            refused = any("refused" in e for e in r.lengths if e["protocol"] == protocol)
+            xs, ys = zip(*pts)
+            ax.plot(
+                xs,
+                ys,
+                "-" if i < 10 else "--",  # tab10 runs out: later runs dashed
+                color=colors[i % len(colors)],
+                marker=markers[i % len(markers)],
+                ms=5,
+                lw=1.5,
+                label=r.label + (" (refuses L > max_len)" if refused else ""),
+            )
+        ax.axvline(summary["train_len"], color="k", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        if ppls:
+            ticks = [t for t in (4, 5, 6, 7, 8, 10, 12, 15, 20, 30, 40, 50, 70, 100, 150, 200, 300) if t < max(ppls)]
+            ax.set_yticks([t for t in ticks if t > min(ppls) * 0.9] or ticks, minor=False)
+            ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("evaluation length L (tokens)")
+        title = f"{protocol}" + (f" (stride {summary['stride']})" if protocol == "sliding" else "")
+        ax.set_title(f"{title}; trained at L={summary['train_len']}")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("test perplexity per byte (log scale)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_listops(runs: list[Run], summary: dict[str, Any], path: Path) -> None:
@@ -431,11 +582,17 @@ def run_sweep(name: str, sweep: dict[str, Any], args: argparse.Namespace) -> lis
             continue
         train_run(run, cfg, reusable)
         trained += run.status == "ok"
-        acc = run.metrics.get("test/acc")
+        acc, loss = run.metrics.get("test/acc"), run.metrics.get("test/loss")
         elapsed = time.perf_counter() - started
         print(
             f"    {run.status}"
-            + (f": test acc {acc:.4f}" if acc is not None else f": {run.reason}")
+            + (
+                f": test acc {acc:.4f}"
+                if acc is not None
+                else f": test loss {loss:.4f}"
+                if loss is not None
+                else f": {run.reason}"
+            )
             + (f", {run.seconds:.0f} s" if run.seconds else "")
             + f" (sweep {elapsed / 60:.1f} min"
             + (f", ~{elapsed / trained * (len(runs) - i) / 60:.0f} min left)" if trained else ")"),
@@ -443,6 +600,8 @@ def run_sweep(name: str, sweep: dict[str, Any], args: argparse.Namespace) -> lis
         )
         if run.status in ("ok", "reused") and run.label in sweep.get("eval_hashes_runs", []):
             eval_rounds(run, list(sweep.get("eval_hashes", [1, 2, 4, 8])))
+        if run.status in ("ok", "reused") and "eval_lengths" in sweep:
+            eval_lengths(run, sweep)
     return runs
 
 
@@ -452,6 +611,8 @@ def summarize_sweep(name: str, sweep: dict[str, Any], runs: list[Run], args: arg
         return {}
     cfg = compose(sweep["experiment"], done[0].overrides)
     data = cfg["data"]
+    if "eval_lengths" in sweep:
+        return {"kind": "extrapolation", "train_len": data["seq_len"], **length_settings(sweep)}
     if data["name"] == "listops":
         return {"kind": "classify", **label_stats(cfg)}
     return {
@@ -460,6 +621,14 @@ def summarize_sweep(name: str, sweep: dict[str, Any], runs: list[Run], args: arg
         "symbols": data["symbols"],
         "chance": 1 / data["symbols"],
     }
+
+
+#: Report and plot of each kind of sweep summary.
+REPORTS = {
+    "classify": (listops_report, plot_listops),
+    "copy": (copy_report, plot_copy),
+    "extrapolation": (extrapolation_report, plot_extrapolation),
+}
 
 
 def main(argv: list[str] | None = None) -> list[Run]:
@@ -501,11 +670,12 @@ def main(argv: list[str] | None = None) -> list[Run]:
         if not summary:
             print(f"{name}: no run finished; nothing to report", flush=True)
             continue
-        report = listops_report(runs, summary) if summary["kind"] == "classify" else copy_report(runs, summary)
+        make_report, plot = REPORTS[summary["kind"]]
+        report = make_report(runs, summary)
         print(report, flush=True)
         if not args.no_results:
             png = results.with_name(f"{results.stem}_{name}.png")
-            (plot_listops if summary["kind"] == "classify" else plot_copy)(runs, summary, png)
+            plot(runs, summary, png)
             write_section(results, name, report + f"\n\n![{name}]({png.name})")
             print(f"wrote {results} and {png}", flush=True)
     bad = [r for r in everything if r.status in ("refused", "failed")]

@@ -1,6 +1,6 @@
-"""The experiment sweeps of issue 3 (scripts/experiments.yaml, configs/experiment/lra_listops.yaml and
-lsh_copy.yaml) compose and validate for every run, and the driver (scripts/run_experiments.py)
-trains, evaluates and collects results on tiny runs."""
+"""The experiment sweeps of issues 3 and 4 (scripts/experiments.yaml, configs/experiment/lra_listops.yaml,
+lsh_copy.yaml and extrapolation.yaml) compose and validate for every run, and the driver
+(scripts/run_experiments.py) trains, evaluates and collects results on tiny runs."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.helpers import ROOT, compose_cfg
+from tests.integration.helpers import ROOT, compose_cfg, text_data
 from xfam.attention import ATTENTION
 from xfam.config import validate
+from xfam.pos import POS
 
 SWEEPS = yaml.safe_load((ROOT / "scripts" / "experiments.yaml").read_text())
 RUNS = [(name, label, overrides) for name, s in SWEEPS.items() for label, overrides in s["runs"].items()]
@@ -44,23 +45,28 @@ def _driver():
 
 
 def _attention(overrides: list[str]) -> str:
-    return next(o.split("=", 1)[1] for o in overrides if o.startswith("attention="))
+    return _choice(overrides, "attention")
+
+
+def _choice(overrides: list[str], slot: str) -> str:
+    return next(o.split("=", 1)[1] for o in overrides if o.startswith(f"{slot}="))
 
 
 @pytest.mark.parametrize(("name", "label", "overrides"), RUNS, ids=[f"{n}-{lbl}" for n, lbl, _ in RUNS])
 def test_every_run_of_the_sweeps_composes_and_validates(name: str, label: str, overrides: list[str]) -> None:
     cfg = compose_cfg([f"experiment={SWEEPS[name]['experiment']}", *overrides])
     validate(cfg)
-    assert cfg["attention"]["name"] == _attention(overrides)
+    slot = SWEEPS[name].get("slot", "attention")
+    assert cfg[slot]["name"] == _choice(overrides, slot)
 
 
 def test_the_runs_of_a_sweep_share_one_backbone_and_budget() -> None:
-    for sweep in SWEEPS.values():
-        shared = []
+    for name, sweep in SWEEPS.items():
+        slot, shared = sweep.get("slot", "attention"), []  # the one slot the runs of this sweep may change
         for overrides in sweep["runs"].values():
-            assert all(o.startswith("attention") for o in overrides), "a run may change its attention only"
+            assert all(o.startswith(slot) for o in overrides), f"a run of {name} may change its {slot} only"
             cfg = compose_cfg([f"experiment={sweep['experiment']}", *overrides])
-            shared.append({k: v for k, v in cfg.items() if k != "attention"})
+            shared.append({k: v for k, v in cfg.items() if k != slot})
         assert all(s == shared[0] for s in shared)
 
 
@@ -87,6 +93,18 @@ def test_copy_sweep_local_window_cannot_reach_the_first_copy() -> None:
         if cfg["attention"]["name"] == "local":
             assert cfg["attention"]["window"] < cfg["data"]["seq_len"] // 2
     assert sweep["eval_hashes"] == [1, 2, 4, 8] and sweep["eval_hashes_runs"]
+
+
+def test_extrapolation_sweep_has_every_pos_trained_at_64_and_learned_bounded_there() -> None:
+    sweep = SWEEPS["extrapolation"]
+    names = {_choice(o, "pos") for o in sweep["runs"].values()}
+    assert names == {n for n, c in POS.items() if c.__module__.startswith("xfam.")}
+    cfg = compose_cfg([f"experiment={sweep['experiment']}"])
+    assert cfg["data"]["name"] == "text" and cfg["data"]["paths"] is None  # the embedded corpus
+    assert cfg["data"]["seq_len"] == cfg["model"]["max_len"] == 64 == min(sweep["eval_lengths"])
+    assert sweep["eval_lengths"] == [64, 128, 256, 512, 1024]
+    assert set(sweep["eval_protocols"]) == {"nonoverlapping", "sliding"}
+    assert 1 <= sweep["eval_stride"] < 64 and sweep["eval_tokens"] >= max(sweep["eval_lengths"])
 
 
 def test_driver_collects_listops_results_on_a_tiny_run(tmp_path: Path) -> None:
@@ -141,3 +159,38 @@ def test_driver_records_a_refused_run_and_goes_on(tmp_path: Path) -> None:
     )
     (run,) = _driver().main(["bad", "--sweeps", str(sweeps), "--out", str(tmp_path / "runs"), "--no-results"])
     assert run.status == "refused" and "window=100000" in run.reason
+
+
+def test_driver_evaluates_every_length_and_protocol_on_a_tiny_lm(tmp_path: Path, corpus: Path) -> None:
+    """Train at L=8 (learned positions: a table of 8) and rope, evaluate at 8 and 16 with both protocols;
+    a rerun reuses the runs and their cached evaluations."""
+    sweeps = tmp_path / "sweeps.yaml"
+    runs = {"learned": ["pos=learned"], "rope": ["pos=rope"]}
+    entry = {"experiment": "extrapolation", "slot": "pos", "runs": runs, "eval_lengths": [8, 16]}
+    entry |= {"eval_protocols": ["nonoverlapping", "sliding"], "eval_stride": 4, "eval_tokens": 64}
+    sweeps.write_text(yaml.safe_dump({"extrapolation": entry}))
+    tiny = [
+        *(o for o in TINY if not o.startswith("data.")),
+        *(o for o in text_data(corpus) if not o.startswith("data.seq_len")),
+        "data.seq_len=8",
+        "model.max_len=8",
+        "trainer.limit_test_batches=1",
+    ]
+    results = tmp_path / "results.md"
+    argv = ["extrapolation", "--sweeps", str(sweeps), "--out", str(tmp_path / "runs"), "--results", str(results)]
+    learned, rope = _driver().main([*argv, *(f"--set={o}" for o in tiny)])
+    assert (learned.status, rope.status) == ("ok", "ok")
+    got = {(e["protocol"], e["length"]): e for e in rope.lengths}
+    assert set(got) == {(p, n) for p in ("nonoverlapping", "sliding") for n in (8, 16)}
+    assert {e["tokens"] for e in got.values()} == {64}
+    assert got["sliding", 8]["windows"] == 1 + (64 - 8) // 4 and got["nonoverlapping", 16]["windows"] == 4
+    refused = {(e["protocol"], e["length"]): e.get("refused") for e in learned.lengths}
+    assert refused["sliding", 8] is None and refused["nonoverlapping", 8] is None
+    assert "past the learned table (8 positions)" in refused["sliding", 16]
+    text = results.read_text()
+    assert "<!-- experiments:extrapolation:start -->" in text and "**sliding** (stride 4)" in text
+    assert "| `learned` |" in text and "refused" in text and "(1.00×)" in text
+    assert (tmp_path / "results_extrapolation.png").stat().st_size > 0
+    again = _driver().main([*argv, *(f"--set={o}" for o in tiny)])
+    assert [r.status for r in again] == ["reused", "reused"]
+    assert [r.lengths for r in again] == [learned.lengths, rope.lengths]  # from <run>/extrapolation.json
