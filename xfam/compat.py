@@ -14,6 +14,7 @@ from xfam.attention.base import ATTENTION, AttentionMechanism
 from xfam.exit.base import EXIT, ExitPolicy
 from xfam.memory.base import MEMORY, Memory
 from xfam.pos.base import POS, PositionalEncoding
+from xfam.registry import defaults_of
 
 
 @dataclasses.dataclass
@@ -144,8 +145,6 @@ def matrix() -> dict[tuple[str, str], str | None]:
 def setting_refusals(attention: str, pos: str) -> list[str]:
     """The components' own refusals of a pair that ``matrix`` allows, at their default settings, in each
     direction the mechanism supports (e.g. performer's: a score bias that is not a distance decay)."""
-    from xfam.registry import defaults_of
-
     att, pcls = ATTENTION.get(attention), POS.get(pos)
     out = []
     for causal in [c for c, ok in ((True, att.causal), (False, att.bidirectional)) if ok]:
