@@ -1,9 +1,10 @@
 """Contract of the exit slot: the policy owns how depth is traversed.
 
 The model hands the policy a ``run_layer(step, x) -> x`` closure (attention, memory and decode
-state are handled inside it) and a ``head(x) -> logits`` for policies that exit early or add
-per-layer losses. The policy decides which layers run for which tokens, returns the final hidden
-states, the auxiliary losses it owns (exit classifiers, ponder cost) and per-token depth used.
+state are handled inside it), a ``head(x) -> logits`` for policies that exit early or add
+per-layer losses, and the positions ``[S]``, key padding ``[B, S]`` and whether it is decoding.
+The policy decides which layers run for which tokens, returns the final hidden states, the
+auxiliary losses it owns (exit classifiers, ponder cost) and per-token depth used.
 A policy that shares one block across steps (ACT) says so with ``blocks_needed``.
 """
 
@@ -54,8 +55,16 @@ class ExitPolicy(nn.Module, Component):
         return num_layers
 
     def forward(
-        self, x: Tensor, run_layer: Callable[[int, Tensor], Tensor], num_layers: int, head: Callable[[Tensor], Tensor]
+        self,
+        x: Tensor,
+        run_layer: Callable[[int, Tensor], Tensor],
+        num_layers: int,
+        head: Callable[[Tensor], Tensor],
+        positions: Tensor | None = None,
+        key_padding: Tensor | None = None,
+        decoding: bool = False,
     ) -> ExitOutput:
+        """``x [B, S, D]`` at ``positions [S]`` (key padding ``[B, S]``, True = real) through the layers."""
         raise NotImplementedError  # abstract
 
 

@@ -19,7 +19,14 @@ class FullDepth(ExitPolicy):
         super().__init__()
 
     def forward(
-        self, x: Tensor, run_layer: Callable[[int, Tensor], Tensor], num_layers: int, head: Callable[[Tensor], Tensor]
+        self,
+        x: Tensor,
+        run_layer: Callable[[int, Tensor], Tensor],
+        num_layers: int,
+        head: Callable[[Tensor], Tensor],
+        positions: Tensor | None = None,
+        key_padding: Tensor | None = None,
+        decoding: bool = False,
     ) -> ExitOutput:
         for step in range(num_layers):
             x = run_layer(step, x)

@@ -195,7 +195,8 @@ class XfamModel(nn.Module):
             hidden = reversible_stack(x, self.blocks, lambda i: context(front), self.spec.ffn_chunks, states)
             res = ExitOutput(hidden=hidden)
         else:
-            res = self.exit(x, run_layer, self.num_layers, self.head_logits)
+            pos_all = torch.arange(offset, offset + s, device=tokens.device)  # [S] (with any global tokens)
+            res = self.exit(x, run_layer, self.num_layers, self.head_logits, pos_all, key_padding, cache is not None)
         aux.update({f"exit/{k}": val for k, val in res.aux.items()})
         logits = self.head_logits(res.hidden, input_padding)
         new_cache = DecodeCache(offset + s, states, cache_pad) if states is not None else None
