@@ -2,6 +2,9 @@
 
 Batches contribute sums (NLL, target count, bytes, correct predictions), so a metric over many
 batches or ranks is exact: bits per byte = summed NLL / (ln 2 * summed bytes of the targets).
+With an exit policy that reports per-token depth, the layers used are summed too: ``depth`` is
+the mean number of layers (or recurrent steps) per scored token, ``compute_saved`` the share of
+the model's layer applications not run, 1 - depth / layers (the exit slot's inference report).
 """
 
 from __future__ import annotations
@@ -13,23 +16,39 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def batch_stats(task: str, logits: Tensor, batch: dict[str, Tensor], token_bytes: Tensor | None) -> dict[str, Tensor]:
-    """Sums over one batch: ``nll``, ``count``, ``correct`` and, for byte-backed lm data, ``bytes``."""
+def batch_stats(
+    task: str,
+    logits: Tensor,
+    batch: dict[str, Tensor],
+    token_bytes: Tensor | None,
+    depth: Tensor | None = None,
+    layers: int | None = None,
+) -> dict[str, Tensor]:
+    """Sums over one batch: ``nll``, ``count``, ``correct``, for byte-backed lm data ``bytes``, and with a
+    per-token ``depth [B, S]`` of a ``layers``-deep model, ``depth`` and ``layers`` summed over the scored
+    tokens (lm: tokens with a target; classify: real input tokens), with their count ``depth_tokens``."""
     logits = logits.float()
     if task == "classify":
         y = batch["label"]
         nll = F.cross_entropy(logits, y, reduction="sum")
-        return {
+        stats = {
             "nll": nll,
             "count": torch.tensor(float(len(y)), device=y.device),
             "correct": (logits.argmax(-1) == y).sum(),
         }
-    labels = batch["labels"]  # [B, S], -100 = no target
-    nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
-    keep = labels != -100
-    stats = {"nll": nll, "count": keep.sum().float(), "correct": ((logits.argmax(-1) == labels) & keep).sum()}
-    if token_bytes is not None and token_bytes.numel():
-        stats["bytes"] = (token_bytes[labels.clamp_min(0)] * keep).sum()
+        keep = batch.get("key_padding")
+    else:
+        labels = batch["labels"]  # [B, S], -100 = no target
+        nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+        keep = labels != -100
+        stats = {"nll": nll, "count": keep.sum().float(), "correct": ((logits.argmax(-1) == labels) & keep).sum()}
+        if token_bytes is not None and token_bytes.numel():
+            stats["bytes"] = (token_bytes[labels.clamp_min(0)] * keep).sum()
+    if depth is not None and layers:
+        w = torch.ones_like(depth, dtype=torch.float) if keep is None else keep.float()  # [B, S]
+        stats["depth"] = (depth.float() * w).sum()
+        stats["depth_tokens"] = w.sum()
+        stats["layers"] = w.sum() * layers
     return stats
 
 
@@ -42,6 +61,9 @@ def summarize(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tens
         out[f"{prefix}/ppl"] = torch.exp(loss.clamp(max=50))
         if "bytes" in sums and sums["bytes"] > 0:
             out[f"{prefix}/bpb"] = sums["nll"] / (math.log(2) * sums["bytes"])
+    if "depth" in sums and sums["layers"] > 0:
+        out[f"{prefix}/depth"] = sums["depth"] / sums["depth_tokens"]
+        out[f"{prefix}/compute_saved"] = 1 - sums["depth"] / sums["layers"]
     for k, v in sums.items():
         if k.startswith("aux/"):
             out[f"{prefix}/{k[4:]}"] = v / sums["batches"].clamp_min(1)

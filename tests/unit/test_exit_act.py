@@ -163,3 +163,23 @@ def test_memory_is_refused_with_the_reason():
     )
     (msg,) = compat.check(sel)
     assert "exit=act" in msg and "Fix: memory=none" in msg
+
+
+def test_evaluation_reports_the_depth_used_and_the_compute_saved():
+    """The exit slot's inference report: mean layers per scored token and 1 - depth / layers, summed exactly."""
+    from xfam.metrics import batch_stats, summarize
+
+    logits = torch.zeros(2, 3, V)
+    labels = torch.tensor([[1, 2, -100], [3, -100, -100]])  # 3 scored tokens
+    depth = torch.tensor([[1.0, 3.0, 8.0], [2.0, 8.0, 8.0]])  # unscored tokens do not count
+    sums = {k: v.double() for k, v in batch_stats("lm", logits, {"labels": labels}, None, depth, 4).items()}
+    sums["batches"] = torch.tensor(1.0)
+    out = summarize(sums, "lm", "test")
+    assert float(out["test/depth"]) == pytest.approx(2.0) and float(out["test/compute_saved"]) == pytest.approx(0.5)
+    assert "depth" not in batch_stats("lm", logits, {"labels": labels}, None)  # a full-depth model: no report
+    model = build_model(exit={"name": "act", "halting_bias": 40.0}, layers=4, task="classify")
+    pad = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    x = torch.randint(0, V, (2, 5))
+    out = model(x, key_padding=pad)
+    stats = batch_stats("classify", out.logits, {"label": torch.tensor([0, 1]), "key_padding": pad}, None, out.depth, 4)
+    assert float(stats["depth"]) == 8.0 and float(stats["layers"]) == 32.0  # 8 real tokens, 1 step each of 4

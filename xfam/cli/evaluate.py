@@ -37,7 +37,8 @@ def evaluate(ckpt: str, split: str, batch_size: int | None, limit: int | None, d
                 break
             batch = {k: v.to(device) for k, v in batch.items()}
             out = model(batch["input_ids"], key_padding=batch.get("key_padding"), segments=batch.get("segments"))
-            for k, v in batch_stats(info["task"], out.logits, batch, token_bytes).items():
+            stats = batch_stats(info["task"], out.logits, batch, token_bytes, out.depth, model.num_layers)
+            for k, v in stats.items():
                 sums[k] = sums.get(k, 0) + v.double()
             sums["batches"] = sums.get("batches", 0) + 1
             bar.advance(task)

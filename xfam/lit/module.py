@@ -74,7 +74,7 @@ class XfamLitModule(L.LightningModule):
         )
 
     def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        return batch_stats(self.task, out.logits, batch, self.token_bytes)
+        return batch_stats(self.task, out.logits, batch, self.token_bytes, out.depth, self.model.num_layers)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         if self.uses_memory and self._memory is None:
