@@ -74,6 +74,11 @@ class Run:
         return " ".join(["python train.py", f"experiment={self.experiment}", *self.overrides])
 
     @property
+    def status_cell(self) -> str:
+        """The status column of a report table: ok, or the status and its reason."""
+        return "ok" if self.status in ("ok", "reused") else f"**{self.status}**: {one_line(self.reason)}"
+
+    @property
     def attention(self) -> str:
         names = [o.split("=", 1)[1] for o in self.overrides if o.startswith("attention=")]
         return names[0] if names else "(experiment default)"
@@ -329,7 +334,6 @@ def listops_report(runs: list[Run], summary: dict[str, Any]) -> str:
     ]
     for r in runs:
         acc = r.metrics.get("test/acc")
-        status = "ok" if r.status in ("ok", "reused") else f"**{r.status}**: {one_line(r.reason)}"
         lines.append(
             "| "
             + " | ".join(
@@ -343,7 +347,7 @@ def listops_report(runs: list[Run], summary: dict[str, Any]) -> str:
                     fmt(r.metrics.get("test/loss")),
                     f"{r.params:,}" if r.params else "-",
                     fmt(r.seconds, 0),
-                    status,
+                    r.status_cell,
                 ]
             )
             + " |"
@@ -361,10 +365,9 @@ def copy_report(runs: list[Run], summary: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---|",
     ]
     for r in runs:
-        status = "ok" if r.status in ("ok", "reused") else f"**{r.status}**: {one_line(r.reason)}"
         lines.append(
             f"| `{r.label}` | `{r.command.removeprefix('python train.py ')}` | {fmt(r.metrics.get('test/acc'), 4)} | "
-            f"{fmt(r.metrics.get('test/loss'), 4)} | {fmt(r.seconds, 0)} | {status} |"
+            f"{fmt(r.metrics.get('test/loss'), 4)} | {fmt(r.seconds, 0)} | {r.status_cell} |"
         )
     for r in runs:
         if not r.eval_hashes:
@@ -422,11 +425,10 @@ def extrapolation_report(runs: list[Run], summary: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|---|",
     ]
     for r in runs:
-        status = "ok" if r.status in ("ok", "reused") else f"**{r.status}**: {one_line(r.reason)}"
         lines.append(
             f"| `{r.label}` | `{r.command.removeprefix('python train.py ')}` | "
             f"{f'{r.params:,}' if r.params else '-'} | {fmt(r.metrics.get('test/loss'), 4)} | {fmt(r.seconds, 0)} | "
-            f"{fmt(r.eval_seconds, 0)} | {status} |"
+            f"{fmt(r.eval_seconds, 0)} | {r.status_cell} |"
         )
     for label, message in notes.items():
         lines += ["", f"`{label}` refused the longer lengths: {one_line(message, 400)}"]

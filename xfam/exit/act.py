@@ -115,8 +115,8 @@ class ACT(ExitPolicy):
             last = step == num_layers - 1
             halts = running & ((total + p > threshold) | last)  # halting at this step (forced at T)
             goes_on = running & ~halts
-            weight = torch.where(goes_on, p, torch.where(halts, 1.0 - total, 0.0))  # w_t: p_t, or R at N
-            remainder = torch.where(halts, 1.0 - total, remainder)
+            remainder = torch.where(halts, 1.0 - total, remainder)  # R = 1 - sum_{t<N} p_t, at N
+            weight = torch.where(goes_on, p, torch.where(halts, remainder, 0.0))  # w_t: p_t, or R at N
             total = total + torch.where(goes_on, p, 0.0)
             steps = steps + running.to(x.dtype)
             new = run_layer(step, state)  # [B, S, D]
@@ -126,6 +126,9 @@ class ACT(ExitPolicy):
         ponder = steps + remainder  # rho = N + R, [B, S]
         real = key_padding if key_padding is not None else torch.ones_like(running)
         cost = (ponder * real).sum() / real.sum().clamp_min(1)
-        # for inspection and tests: N, R, sum_{t<N} p_t and rho per position
-        self.last = {"steps": steps, "remainder": remainder, "halted_sum": total, "ponder": ponder}
+        # for inspection and tests: N, R, sum_{t<N} p_t and rho per position (detached: no graph is kept alive)
+        self.last = {
+            k: v.detach()
+            for k, v in {"steps": steps, "remainder": remainder, "halted_sum": total, "ponder": ponder}.items()
+        }
         return ExitOutput(hidden=out, aux={"ponder": self.tau * cost}, depth=steps)

@@ -17,7 +17,7 @@ score gains the factor zeta^((n - m) / gamma): still relative, decaying with dis
 grows for keys ahead of the query, so xPos is causal-only (as in the paper and x-transformers).
 The scale is taken from position 0 (not re-centred per call) so cached keys keep their scale;
 zeta_0^(p / gamma) stays within float range only up to ``xpos_max_position`` (about 70 gamma in
-fp32/bf16, 13 gamma in fp16), past which positions are refused with that message.
+fp32/bf16, 9 gamma in fp16), past which positions are refused with that message.
 """
 
 from __future__ import annotations
