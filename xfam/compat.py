@@ -30,6 +30,7 @@ class Selection:
     memory: list[tuple[type[Memory], dict[str, Any]]]
     exit: tuple[type[ExitPolicy], dict[str, Any]]
     causal: bool
+    task: str = "lm"
     streams: bool = False
     reversible: bool = False
 

@@ -67,7 +67,9 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _slot_problems(cfg: Mapping[str, Any], spec: ModelSpec, causal: bool) -> tuple[list[str], compat.Selection | None]:
+def _slot_problems(
+    cfg: Mapping[str, Any], spec: ModelSpec, causal: bool, task: str
+) -> tuple[list[str], compat.Selection | None]:
     """Problems of the four slot sections, and the selection when they are individually valid."""
     problems: list[str] = []
     ctx = spec.structural(causal)
@@ -94,7 +96,7 @@ def _slot_problems(cfg: Mapping[str, Any], spec: ModelSpec, causal: bool) -> tup
     except ConfigError as err:
         problems += err.problems
     problems += POS.check(cfg["pos"], ctx)
-    problems += EXIT.check(cfg["exit"], ctx)
+    problems += EXIT.check(cfg["exit"], {**ctx, "out_dim": None})  # out_dim: known once the data is
     if problems:
         return list(dict.fromkeys(problems)), None
     sel = compat.Selection(
@@ -103,6 +105,7 @@ def _slot_problems(cfg: Mapping[str, Any], spec: ModelSpec, causal: bool) -> tup
         memory=memory,
         exit=(EXIT.get(cfg["exit"]["name"]), cfg["exit"]),
         causal=causal,
+        task=task,
         streams=bool(cfg["loader"].get("streams", False)),
         reversible=spec.reversible,
     )
@@ -140,7 +143,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(problems)
     task = data_cls.task if data_cls else "lm"
     causal = spec.causal if spec.causal is not None else task == "lm"
-    slot_problems, sel = _slot_problems(cfg, spec, causal)
+    slot_problems, sel = _slot_problems(cfg, spec, causal, task)
     problems += slot_problems
     if sel is not None:
         problems += compat.check(sel)

@@ -23,7 +23,8 @@ from xfam.errors import ConfigError, close_matches, unknown_choice
 
 T = TypeVar("T")
 
-#: What the model builder injects; a component receives the ones its signature names. ``shared``
+#: What the model builder injects; a component receives the ones its signature names (``out_dim``:
+#: the head's output size, vocabulary or classes, for exit policies with their own classifiers). ``shared``
 #: is one dict per model, for components that share modules across layers (Linformer's
 #: layer-wise projections).
 STRUCTURAL = (
@@ -36,6 +37,7 @@ STRUCTURAL = (
     "num_layers",
     "layer",
     "vocab_size",
+    "out_dim",
     "shared",
 )
 #: Keys of a slot config that are not constructor parameters (see ``xfam.schedule``).

@@ -95,6 +95,7 @@ class ACT(ExitPolicy):
         positions: Tensor | None = None,
         key_padding: Tensor | None = None,
         decoding: bool = False,
+        targets: Tensor | None = None,
     ) -> ExitOutput:
         if self.mode == "fixed":
             for step in range(num_layers):

@@ -27,6 +27,7 @@ class FullDepth(ExitPolicy):
         positions: Tensor | None = None,
         key_padding: Tensor | None = None,
         decoding: bool = False,
+        targets: Tensor | None = None,
     ) -> ExitOutput:
         for step in range(num_layers):
             x = run_layer(step, x)

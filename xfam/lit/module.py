@@ -68,9 +68,15 @@ class XfamLitModule(L.LightningModule):
         self._sums: dict[str, Tensor] = {}
 
     # -- steps -----------------------------------------------------------------------------------
-    def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None) -> ModelOutput:
+    def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
+        """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
+        targets = batch["labels" if self.task == "lm" else "label"] if train else None
         return self.model(
-            batch["input_ids"], key_padding=batch.get("key_padding"), segments=batch.get("segments"), memory=memory
+            batch["input_ids"],
+            key_padding=batch.get("key_padding"),
+            segments=batch.get("segments"),
+            memory=memory,
+            targets=targets,
         )
 
     def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -79,7 +85,7 @@ class XfamLitModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         if self.uses_memory and self._memory is None:
             self._memory = self.model.init_memory(batch["input_ids"].shape[0], self.device)
-        out = self(batch, memory=self._memory if self.uses_memory else None)
+        out = self(batch, memory=self._memory if self.uses_memory else None, train=True)
         if self.uses_memory:
             self._memory = out.memory  # detached by each memory's write()
         stats = self._stats(out, batch)

@@ -74,7 +74,8 @@ class XfamModel(nn.Module):
         self.embed = nn.Embedding(vocab_size, spec.dim)
         self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
         self.pos = POS.build(pos, **struct)
-        self.exit = EXIT.build(exit, **struct)
+        out_dim = vocab_size if task == "lm" else num_classes
+        self.exit = EXIT.build(exit, **struct, out_dim=out_dim)  # out_dim: for policies with their own classifiers
         self.num_layers = spec.layers
         n_blocks = self.exit.blocks_needed(spec.layers)
         attn_layers = per_layer(attention, spec.layers, "attention")
@@ -92,7 +93,6 @@ class XfamModel(nn.Module):
         self.aux_tokens = aux_token_count(self.blocks, self.uses_memory)
         self.aux_embed = nn.Embedding(self.aux_tokens, spec.dim) if self.aux_tokens else None
         self.norm = make_norm(spec) if spec.norm_position == "pre" else nn.Identity()
-        out_dim = vocab_size if task == "lm" else num_classes
         self.head = nn.Linear(spec.dim, out_dim, bias=task == "classify")
         self.apply(self._init)
         if spec.tie_embeddings and task == "lm":
@@ -124,6 +124,7 @@ class XfamModel(nn.Module):
         segments: Tensor | None = None,
         memory: list[MemoryState] | None = None,
         cache: DecodeCache | None = None,
+        targets: Tensor | None = None,
     ) -> ModelOutput:
         """Run the model.
 
@@ -133,6 +134,8 @@ class XfamModel(nn.Module):
             segments: ``[B, S]`` document ids of packed rows; attention stays within a document.
             memory: per-layer memory states from the previous segment (or ``init_memory``).
             cache: decode state; when given, ``tokens`` are new tokens after ``cache.length``.
+            targets: the loss's targets (``[B, S]`` ids, -100 = none, or ``[B]`` labels), given in
+                training to exit policies that train per-layer classifiers (``exit=calm``, ...).
         """
         b, s = tokens.shape
         offset = cache.length if cache is not None else 0
@@ -196,9 +199,10 @@ class XfamModel(nn.Module):
             res = ExitOutput(hidden=hidden)
         else:
             pos_all = torch.arange(offset, offset + s, device=tokens.device)  # [S] (with any global tokens)
-            res = self.exit(x, run_layer, self.num_layers, self.head_logits, pos_all, key_padding, cache is not None)
+            head = lambda h, proj=None: self.head_logits(h, input_padding, proj)  # [B, G + S, D] -> logits
+            res = self.exit(x, run_layer, self.num_layers, head, pos_all, key_padding, cache is not None, targets)
         aux.update({f"exit/{k}": val for k, val in res.aux.items()})
-        logits = self.head_logits(res.hidden, input_padding)
+        logits = res.logits if res.logits is not None else self.head_logits(res.hidden, input_padding)
         new_cache = DecodeCache(offset + s, states, cache_pad) if states is not None else None
         depth = None if res.depth is None else res.depth[:, self.aux_tokens :]
         return ModelOutput(logits=logits, aux=aux, memory=new_mem, cache=new_cache, depth=depth)
@@ -216,18 +220,20 @@ class XfamModel(nn.Module):
             segments = torch.cat((segments.new_full((b, n), -1), segments), dim=1)  # [B, G + S]
         return x, key_padding, segments
 
-    def head_logits(self, hidden: Tensor, key_padding: Tensor | None = None) -> Tensor:
+    def head_logits(self, hidden: Tensor, key_padding: Tensor | None = None, proj: nn.Module | None = None) -> Tensor:
         """Final norm and head: ``[B, S, D] -> [B, S, V]`` (lm) or pooled ``[B, C]`` (classify).
-        Auxiliary global tokens in front of ``hidden`` never reach the head."""
+        Auxiliary global tokens in front of ``hidden`` never reach the head. ``proj`` replaces the
+        output layer (an exit policy's per-layer classifier)."""
         h = self.norm(hidden[:, self.aux_tokens :])
+        out = proj if proj is not None else self.head
         if self.task == "lm":
-            return self.head(h)
+            return out(h)
         if self.spec.pool == "cls":
-            return self.head(h[:, 0])
+            return out(h[:, 0])
         if key_padding is None:
-            return self.head(h.mean(dim=1))
+            return out(h.mean(dim=1))
         w = key_padding.to(h.dtype).unsqueeze(-1)  # [B, S, 1]
-        return self.head((h * w).sum(1) / w.sum(1).clamp_min(1))
+        return out((h * w).sum(1) / w.sum(1).clamp_min(1))
 
     def empty_cache(self) -> DecodeCache:
         return DecodeCache(0, [None] * self.num_layers)
