@@ -235,7 +235,9 @@ class ToyDeep(ExitPolicy):
         super().__init__()
         self.last_hiddens: list[Tensor] = []
 
-    def forward(self, x, run_layer, num_layers, head, positions=None, key_padding=None, decoding=False, targets=None) -> ExitOutput:
+    def forward(
+        self, x, run_layer, num_layers, head, positions=None, key_padding=None, decoding=False, targets=None
+    ) -> ExitOutput:
         hiddens = []
         for step in range(num_layers):
             x = run_layer(step, x)
@@ -256,7 +258,9 @@ class ToyStop(ExitPolicy):
         super().__init__()
         self.stop_after = stop_after
 
-    def forward(self, x, run_layer, num_layers, head, positions=None, key_padding=None, decoding=False, targets=None) -> ExitOutput:
+    def forward(
+        self, x, run_layer, num_layers, head, positions=None, key_padding=None, decoding=False, targets=None
+    ) -> ExitOutput:
         n = min(self.stop_after, num_layers)
         for step in range(n):
             x = run_layer(step, x)

@@ -3,6 +3,8 @@ mechanism keeps), with temperature, top-k and nucleus (top-p, Holtzman et al., 2
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -23,6 +25,15 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
+class Generation(NamedTuple):
+    """``tokens [B, T + n]``, the logits each new token was drawn from ``[B, n, V]``, and the layers the
+    model used for each of them ``[B, n]`` (None unless the exit policy reports depth)."""
+
+    tokens: Tensor
+    logits: Tensor
+    depth: Tensor | None
+
+
 @torch.no_grad()
 def generate(
     model: XfamModel,
@@ -34,11 +45,9 @@ def generate(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     stop_token: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Continue ``prompt [B, T]``; returns tokens ``[B, T + n]`` and the logits used ``[B, n, V]``.
-
-    The prompt is processed in one call, then each new token in one incremental call.
-    """
+) -> Generation:
+    """Continue ``prompt [B, T]``. The prompt is processed in one call, then each new token in one
+    incremental call (an early-exit policy decides each token's depth in that call)."""
     if model.task != "lm":
         raise ConfigError("generate needs a language model; this checkpoint is a classifier. Fix: use `xfam eval`.")
     if model.uses_memory:
@@ -50,10 +59,11 @@ def generate(
         raise ConfigError("generate needs a prompt of at least one token. Fix: pass prompt=<text>.")
     model.eval()
     out = model(prompt, cache=model.empty_cache())
-    tokens, used = prompt, []
+    tokens, used, depths = prompt, [], []
     logits = out.logits[:, -1]
     for _ in range(max_new_tokens):
         used.append(logits)
+        depths.append(out.depth[:, -1] if out.depth is not None else None)
         if temperature == 0:
             nxt = logits.argmax(-1, keepdim=True)
         else:
@@ -64,4 +74,5 @@ def generate(
             break
         out = model(nxt, cache=out.cache)
         logits = out.logits[:, -1]
-    return tokens, torch.stack(used, dim=1)
+    depth = torch.stack(depths, dim=1) if depths and depths[0] is not None else None
+    return Generation(tokens, torch.stack(used, dim=1), depth)

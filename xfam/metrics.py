@@ -52,6 +52,13 @@ def batch_stats(
     return stats
 
 
+def add_stats(sums: dict[str, Tensor], stats: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Add one batch's ``batch_stats`` into running float64 ``sums`` (in place; also returned)."""
+    for k, v in stats.items():
+        sums[k] = sums.get(k, 0) + v.detach().double()
+    return sums
+
+
 def summarize(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tensor]:
     """Epoch metrics from summed statistics (see ``batch_stats``); aux losses are batch means."""
     count = sums["count"].clamp_min(1)

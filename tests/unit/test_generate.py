@@ -30,7 +30,9 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass() -> None:
 def test_cached_generation_logits_equal_a_full_recompute(pos: str) -> None:
     model = build_model(pos=pos, vocab_size=13)
     prompt = torch.randint(0, 13, (2, 5))
-    tokens, logits = generate(model, prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0))
+    tokens, logits, _ = generate(
+        model, prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0)
+    )
     assert tokens.shape == (2, 15) and torch.equal(tokens[:, :5], prompt)
     full = model(tokens[:, :-1]).logits[:, 4:]
     assert torch.allclose(full, logits, atol=1e-5)
@@ -39,11 +41,11 @@ def test_cached_generation_logits_equal_a_full_recompute(pos: str) -> None:
 def test_greedy_is_deterministic_and_stops_at_the_stop_token() -> None:
     model = build_model(pos="rope", vocab_size=13)
     prompt = torch.randint(0, 13, (1, 4))
-    a, _ = generate(model, prompt, 6, temperature=0)
-    b, _ = generate(model, prompt, 6, temperature=0)
+    a, *_ = generate(model, prompt, 6, temperature=0)
+    b, *_ = generate(model, prompt, 6, temperature=0)
     assert torch.equal(a, b)
     stop = int(a[0, 4])
-    c, _ = generate(model, prompt, 6, temperature=0, stop_token=stop)
+    c, *_ = generate(model, prompt, 6, temperature=0, stop_token=stop)
     assert c.shape[1] == 5
 
 

@@ -3,6 +3,10 @@
     xfam list [--markdown]                 every slot, component, parameter and capability
     xfam eval ckpt=PATH [split=test]       metrics of a checkpoint on a split of its data
     xfam generate ckpt=PATH prompt="def "  sampling with a KV cache
+    xfam calibrate ckpt=PATH delta=0.1     an early-exit threshold with a guarantee (Learn-then-Test)
+
+Early-exit models take ``exit.KEY=VALUE`` words in eval, generate and calibrate (e.g.
+``exit.threshold=0.8 exit.measure=saturation``): their inference options.
 
 Options are given as ``key=value`` (like train.py) or ``--key value``.
 """
@@ -35,11 +39,14 @@ def _kv_args(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     return out
 
 
+EXIT_HELP = "inference options of an early-exit policy, e.g. exit.threshold=0.8 exit.measure=saturation"
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="xfam", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,eval,generate}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,eval,generate,calibrate}")
 
     p = sub.add_parser("list", help="components, their parameters and capabilities, compatibility")
     p.add_argument("--markdown", action="store_true", help="print the README's slot table instead")
@@ -50,6 +57,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--batch_size", type=int, default=None, help="default: the run's data.batch_size")
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many batches")
     p.add_argument("--device", default="cpu")
+    p.add_argument("overrides", nargs="*", metavar="exit.KEY=VALUE", help=EXIT_HELP)
 
     p = sub.add_parser("generate", help="sample text from a language-model checkpoint")
     p.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt)")
@@ -62,6 +70,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check", action="store_true", help="also verify cached logits against a full recompute")
     p.add_argument("--device", default="cpu")
+    p.add_argument("overrides", nargs="*", metavar="exit.KEY=VALUE", help=EXIT_HELP)
+
+    p = sub.add_parser("calibrate", help="pick an early-exit threshold on held-out data (LTT or grid search)")
+    p.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt) of an exit=calm / depth_adaptive run")
+    p.add_argument("--split", default="validation", choices=["train", "validation", "test"])
+    p.add_argument("--method", default="ltt", choices=["ltt", "grid"], help="ltt: CALM's guarantee; grid: Elbayad")
+    p.add_argument("--delta", type=float, default=0.1, help="ltt: tolerated disagreement with the full model")
+    p.add_argument("--epsilon", type=float, default=0.05, help="ltt: allowed probability of exceeding delta")
+    p.add_argument("--tolerance", type=float, default=0.02, help="grid: tolerated loss increase over full depth")
+    p.add_argument("--thresholds", default="", help="comma-separated candidates (default: a grid for the policy)")
+    p.add_argument("--batch_size", type=int, default=None, help="default: the run's data.batch_size")
+    p.add_argument("--limit", type=int, default=None, help="use at most this many batches")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("overrides", nargs="*", metavar="exit.KEY=VALUE", help=EXIT_HELP)
     return parser, dict(sub.choices)
 
 
@@ -80,7 +102,11 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "eval":
             from xfam.cli.evaluate import evaluate
 
-            evaluate(args.ckpt, args.split, args.batch_size, args.limit, args.device)
+            evaluate(args.ckpt, args.split, args.batch_size, args.limit, args.device, args.overrides)
+        elif args.command == "calibrate":
+            from xfam.cli.calibrate import calibrate
+
+            calibrate(args)
         else:
             from xfam.cli.sample import sample
 

@@ -8,12 +8,14 @@ import torch
 
 from xfam.data.tokenize import tokenizer_from_state
 from xfam.errors import ConfigError
+from xfam.exit.inference import agreement, compares_full_depth, full_depth_logits, set_exit_options
 from xfam.generate import generate
 from xfam.lit.checkpoint import load_model
 
 
 def sample(args: argparse.Namespace) -> None:
     model, meta = load_model(args.ckpt, args.device)
+    set_exit_options(model, meta["config"], args.overrides)
     state = meta["data_info"].get("tokenizer")
     if state is None:
         raise ConfigError(
@@ -32,7 +34,7 @@ def sample(args: argparse.Namespace) -> None:
         )
     prompt = torch.tensor([ids] * args.num_samples, device=args.device)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
-    tokens, logits = generate(
+    tokens, logits, depth = generate(
         model,
         prompt,
         args.max_new_tokens,
@@ -44,6 +46,8 @@ def sample(args: argparse.Namespace) -> None:
     for row in tokens.tolist():
         print(tokenizer.decode(row))
         print("-" * 40)
+    if depth is not None:
+        report_depth(model, tokens, logits, depth)
     if args.check:
         with torch.no_grad():
             full = model(tokens[:, :-1]).logits[:, prompt.shape[1] - 1 :]  # recompute without a cache
@@ -59,3 +63,17 @@ def sample(args: argparse.Namespace) -> None:
         )
         if not ok:
             raise SystemExit(1)
+
+
+def report_depth(model: torch.nn.Module, tokens: torch.Tensor, logits: torch.Tensor, depth: torch.Tensor) -> None:
+    """Layers used per generated token, the compute saved, and (early exit) how often the token's top-1
+    prediction equals the full-depth model's given the same prefix."""
+    mean = depth.float().mean().item()
+    saved = 1 - mean / model.num_layers
+    line = f"depth: {mean:.2f} of {model.num_layers} layers per generated token, compute saved {saved:.1%}"
+    if compares_full_depth(model):
+        n = logits.shape[1]
+        full = full_depth_logits(model, tokens[:, :-1])[:, -n:]  # the full model on the same prefixes
+        same, count = agreement(logits, full)
+        line += f"; top-1 agreement with the full-depth model {float(same / count):.1%} of {int(count)} tokens"
+    print(line)

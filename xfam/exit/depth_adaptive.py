@@ -93,9 +93,11 @@ class DepthAdaptive(EarlyExitPolicy):
         self.kind, self.training_mode, self.samples, self.oracle = classifier, training, samples, oracle
         self.depth_penalty, self.sigma, self.threshold = depth_penalty, sigma, threshold
         self.exit_weight, self.exit_at = exit_weight, exit_at
-        self.heads = nn.ModuleList(nn.Linear(dim, out_dim, bias=False) for _ in range(num_layers - 1))
-        if output_heads == "shared":
-            self.heads = None
+        self.heads = (
+            nn.ModuleList(nn.Linear(dim, out_dim, bias=False) for _ in range(num_layers - 1))
+            if output_heads == "separate"
+            else None
+        )
         self.halting = nn.Linear(dim, 1 if classifier == "geometric" else num_layers)
 
     @classmethod

@@ -22,10 +22,11 @@ import torch
 from torch import Tensor
 
 from xfam.build import build_model
+from xfam.exit.inference import agreement, compares_full_depth, full_depth_logits
 from xfam.lit.checkpoint import metadata
 from xfam.lit.optim import make_optimizer
 from xfam.logs import log_once, quiet_lightning
-from xfam.metrics import batch_stats, summarize
+from xfam.metrics import add_stats, batch_stats, summarize
 from xfam.model.transformer import ModelOutput
 from xfam.specs import OptimSpec
 
@@ -68,6 +69,8 @@ class XfamLitModule(L.LightningModule):
         self._sums: dict[str, Tensor] = {}
 
     # -- steps -----------------------------------------------------------------------------------
+    _inputs = ("key_padding", "segments")
+
     def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
         """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
         targets = batch["labels" if self.task == "lm" else "label"] if train else None
@@ -114,10 +117,15 @@ class XfamLitModule(L.LightningModule):
         self._accumulate(self(batch), batch)
 
     def _accumulate(self, out: ModelOutput, batch: dict[str, Tensor]) -> None:
-        for k, v in self._stats(out, batch).items():
-            self._sums[k] = self._sums.get(k, 0) + v.detach().double()
-        for k, v in out.aux.items():
-            self._sums[f"aux/{k}"] = self._sums.get(f"aux/{k}", 0) + v.detach().double()
+        add_stats(self._sums, self._stats(out, batch))
+        add_stats(self._sums, {f"aux/{k}": v for k, v in out.aux.items()})
+        if compares_full_depth(self.model):  # early exit: the full-depth model's metrics and the agreement
+            full = full_depth_logits(self.model, batch["input_ids"], **{k: batch.get(k) for k in self._inputs})
+            stats = batch_stats(self.task, full, batch, self.token_bytes)
+            add_stats(self._sums, {f"full/{k}": v for k, v in stats.items()})
+            keep = batch["labels"] != -100 if self.task == "lm" else None
+            same, count = agreement(out.logits, full, keep)
+            add_stats(self._sums, {"agree": same, "agree_count": count})
         self._sums["batches"] = self._sums.get("batches", 0) + 1
 
     def on_validation_epoch_start(self) -> None:
@@ -138,7 +146,11 @@ class XfamLitModule(L.LightningModule):
             k: self.trainer.strategy.reduce(torch.as_tensor(v, device=self.device), reduce_op="sum")
             for k, v in sorted(self._sums.items())
         }
-        metrics = summarize(sums, self.task, prefix)
+        metrics = summarize({k: v for k, v in sums.items() if not k.startswith("full/")}, self.task, prefix)
+        if "agree" in sums:
+            full = {k[5:]: v for k, v in sums.items() if k.startswith("full/")}
+            metrics |= summarize(full, self.task, f"{prefix}/full")
+            metrics[f"{prefix}/agreement"] = sums["agree"] / sums["agree_count"].clamp_min(1)
         self.log_dict({k: v.float() for k, v in metrics.items()}, prog_bar=prefix == "val", sync_dist=False)
         self._sums = {}
 
