@@ -69,8 +69,6 @@ class XfamLitModule(L.LightningModule):
         self._sums: dict[str, Tensor] = {}
 
     # -- steps -----------------------------------------------------------------------------------
-    _inputs = ("key_padding", "segments")
-
     def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
         """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
         targets = batch["labels" if self.task == "lm" else "label"] if train else None
@@ -120,7 +118,8 @@ class XfamLitModule(L.LightningModule):
         add_stats(self._sums, self._stats(out, batch))
         add_stats(self._sums, {f"aux/{k}": v for k, v in out.aux.items()})
         if compares_full_depth(self.model):  # early exit: the full-depth model's metrics and the agreement
-            full = full_depth_logits(self.model, batch["input_ids"], **{k: batch.get(k) for k in self._inputs})
+            inputs = {"key_padding": batch.get("key_padding"), "segments": batch.get("segments")}
+            full = full_depth_logits(self.model, batch["input_ids"], **inputs)
             stats = batch_stats(self.task, full, batch, self.token_bytes)
             add_stats(self._sums, {f"full/{k}": v for k, v in stats.items()})
             keep = batch["labels"] != -100 if self.task == "lm" else None
