@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xfam.exit.early import Decide, traverse_all, traverse_with_exits
 from xfam.registry import Component, Registry
 
 
@@ -93,10 +94,24 @@ class EarlyExitPolicy(ExitPolicy):
 
     early_exit = True
     inference_options: ClassVar[tuple[str, ...]] = ()
+    threshold: float  # above 1: no exits
+    exit_at: int  # > 0: every token exits after this layer
 
     def __init__(self) -> None:
         super().__init__()
         self._full = False
+
+    def traverse(
+        self, x: Tensor, run_layer: Callable[[int, Tensor], Tensor], num_layers: int, decide: Decide, decoding: bool
+    ) -> tuple[Tensor, Tensor]:
+        """Inference: each token's state at its exit ``[B, S, D]`` and its depth ``[B, S]``. Every layer for
+        every token when exits are disabled (``full_depth()``, or a threshold above 1 without ``exit_at``),
+        every token out after ``exit_at`` when it is set, else where ``decide`` says."""
+        if self._full or (self.exit_at == 0 and self.threshold > 1):
+            return traverse_all(x, run_layer, num_layers)[-1], torch.full(x.shape[:2], num_layers, device=x.device)
+        if self.exit_at:
+            decide = lambda n, before, after: torch.full(after.shape[:2], n == self.exit_at, device=after.device)
+        return traverse_with_exits(x, run_layer, num_layers, decide, decoding)
 
     @contextlib.contextmanager
     def full_depth(self) -> Iterator[None]:

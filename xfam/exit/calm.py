@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from xfam.errors import ConfigError
 from xfam.exit.base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses
-from xfam.exit.early import traverse_all, traverse_with_exits
+from xfam.exit.early import traverse_all
 from xfam.registry import Range
 
 Measure = Literal["softmax", "saturation", "classifier"]
@@ -132,20 +132,15 @@ class CALM(EarlyExitPolicy):
     ) -> ExitOutput:
         if self.training and targets is not None:
             return self._train(x, run_layer, num_layers, head, targets)
-        if self._full or (self.exit_at == 0 and self.threshold > 1):
-            hiddens = traverse_all(x, run_layer, num_layers)
-            return ExitOutput(hidden=hiddens[-1], depth=torch.full(x.shape[:2], num_layers, device=x.device))
 
         def decide(n: int, before: Tensor, after: Tensor) -> Tensor:
-            if self.exit_at:
-                return torch.full(after.shape[:2], n == self.exit_at, device=after.device)
             if n < self.min_layer:
                 return torch.zeros(after.shape[:2], dtype=torch.bool, device=after.device)
             c = self.confidence(n, before, after, head)  # [B, S], or [B, S - G] from the head
             c = F.pad(c, (after.shape[1] - c.shape[1], 0), value=float("-inf"))  # global tokens (ETC) never exit
             return c >= self.threshold_at(positions, after)
 
-        hidden, depth = traverse_with_exits(x, run_layer, num_layers, decide, decoding)
+        hidden, depth = self.traverse(x, run_layer, num_layers, decide, decoding)
         return ExitOutput(hidden=hidden, depth=depth)
 
     def _train(

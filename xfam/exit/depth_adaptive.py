@@ -151,14 +151,9 @@ class DepthAdaptive(EarlyExitPolicy):
     ) -> ExitOutput:
         if self.training and targets is not None:
             return self._train(x, run_layer, num_layers, head, targets, key_padding)
-        if self._full or (self.exit_at == 0 and self.threshold > 1):
-            hidden = traverse_all(x, run_layer, num_layers)[-1]
-            return ExitOutput(hidden=hidden, depth=torch.full(x.shape[:2], num_layers, device=x.device))
         plan: dict[str, Tensor] = {}
 
         def decide(n: int, before: Tensor, after: Tensor) -> Tensor:
-            if self.exit_at:
-                return torch.full(after.shape[:2], n == self.exit_at, device=after.device)
             if self.kind == "geometric":
                 return torch.sigmoid(self.halting(after).squeeze(-1).float()) > self.threshold
             if n == 1:  # sequence / multinomial: decided once, from the first layer
@@ -166,7 +161,7 @@ class DepthAdaptive(EarlyExitPolicy):
                 plan["depth"] = torch.where(prob >= self.threshold, depth, num_layers)
             return plan["depth"] == n
 
-        hidden, depth = traverse_with_exits(x, run_layer, num_layers, decide, decoding)
+        hidden, depth = self.traverse(x, run_layer, num_layers, decide, decoding)
         return ExitOutput(hidden=hidden, depth=depth, logits=self._exit_logits(hidden, depth, head, num_layers))
 
     def _exit_logits(self, hidden: Tensor, depth: Tensor, head: Head, num_layers: int) -> Tensor | None:
