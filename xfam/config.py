@@ -42,6 +42,10 @@ TRAINER_OWNED = (
 )
 
 
+#: Keys of the trainer section that xfam reads itself (not Lightning arguments), with their choices.
+XFAM_TRAINER = {"nonfinite": ("stop", "skip")}
+
+
 def _trainer_params() -> list[str]:
     import lightning
 
@@ -50,10 +54,13 @@ def _trainer_params() -> list[str]:
 
 
 def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
-    valid = _trainer_params()
+    valid = _trainer_params() + list(XFAM_TRAINER)
     out = []
     for key in trainer:
-        if key in TRAINER_OWNED:
+        if key in XFAM_TRAINER:
+            if trainer[key] not in XFAM_TRAINER[key]:
+                out.append(unknown_choice(f"trainer.{key}", trainer[key], XFAM_TRAINER[key], f"trainer.{key}=stop."))
+        elif key in TRAINER_OWNED:
             out.append(f"trainer.{key}: set by xfam from the logger/callbacks groups. Fix: remove it from trainer.")
         elif key not in valid:
             near = close_matches(key, valid)

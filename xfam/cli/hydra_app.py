@@ -186,12 +186,20 @@ def run_job(cfg: DictConfig) -> Any:
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from xfam.lit.nonfinite import NonFiniteError
+
+    debug = plain.get("debug", False) or os.environ.get("XFAM_DEBUG") == "1"
     try:
         metrics = train(plain, run_dir)
     except ConfigError as err:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra created it for this job; a refused job leaves nothing behind
-        report(err, plain.get("debug", False) or os.environ.get("XFAM_DEBUG") == "1")
+        report(err, debug)
+    except NonFiniteError as err:  # trainer.nonfinite=stop: the message says where and what to do
+        if debug:
+            raise
+        print(f"xfam: error: {err}", file=sys.stderr)
+        sys.exit(1)
     metric = plain.get("optimized_metric")
     if metric:
         if metric not in metrics:

@@ -15,6 +15,7 @@ from lightning.pytorch import loggers
 
 from xfam.lit.callbacks import LogProgress, LossCurve, StepProgressBar, Throughput
 from xfam.lit.checkpoint import AtomicCheckpointIO
+from xfam.lit.nonfinite import NonFiniteGuard
 from xfam.logs import log, quiet_lightning
 from xfam.specs import CallbacksSpec, LoggerSpec
 
@@ -105,13 +106,14 @@ def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (
     quiet_lightning()
     cbs = CallbacksSpec(**cfg["callbacks"])
     trainer_kw = dict(cfg["trainer"])
+    guard = NonFiniteGuard(trainer_kw.pop("nonfinite", "stop"), run_dir)
     if cbs.progress_bar == "none" or not sys.stdout.isatty():
         trainer_kw["enable_progress_bar"] = False
     return L.Trainer(
         **trainer_kw,
         default_root_dir=str(run_dir),
         logger=make_loggers(LoggerSpec(**cfg["logger"]), run_dir, cfg["name"]),
-        callbacks=make_callbacks(cbs, run_dir) + list(extra),
+        callbacks=[*make_callbacks(cbs, run_dir), guard, *extra],
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,
     )
