@@ -39,11 +39,33 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
             )
         return None
     if ckpt_path == "auto":
-        if last.exists():
-            return str(last)
+        return newest_readable(run_dir)
+    return ckpt_path
+
+
+def newest_readable(run_dir: Path) -> str | None:
+    """``ckpt_path=auto``: ``last.ckpt``, or when it cannot be read (a crash, a truncated copy) the newest
+    readable ``step-N.ckpt``, with a warning for each file passed over; None (a fresh start) when the run
+    has no checkpoint yet. Debug checkpoints (``nonfinite-*``) and unfinished ``*.tmp`` writes are never used."""
+    ckpts = run_dir / "checkpoints"
+    steps = sorted(ckpts.glob("step-*.ckpt"), key=lambda p: p.name, reverse=True)  # zero-padded: newest first
+    candidates = [p for p in [ckpts / "last.ckpt", *steps] if p.is_file()]
+    if not candidates:
         log.info("ckpt_path=auto: no checkpoint in %s yet, starting a fresh run", run_dir)
         return None
-    return ckpt_path
+    for path in candidates:
+        try:
+            checkpoint.read(path)
+        except ConfigError as err:
+            log.warning("ckpt_path=auto: skipping %s: %s", path.name, err)
+            continue
+        if path != candidates[0]:
+            log.warning("ckpt_path=auto: resuming from %s, the newest readable checkpoint", path)
+        return str(path)
+    raise ConfigError(
+        f"ckpt_path=auto: no checkpoint of {ckpts} can be read ({', '.join(p.name for p in candidates)}). "
+        f"Nothing was changed. Fix: ckpt_path=<a good .ckpt file>, or start a separate run with name=<new name>."
+    )
 
 
 def check_resume(ckpt: str, cfg: dict[str, Any]) -> int:
