@@ -15,16 +15,23 @@ log = logging.getLogger("xfam")
 
 
 def summarize(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job directory of ``sweep_dir`` that holds a ``metrics.json``."""
+    """One row per job directory of ``sweep_dir``: its final metrics (``metrics.json``, status ok), or
+    why it did not finish (``status.json``: skipped by validation, or failed in training)."""
     rows = []
-    for metrics in sorted(sweep_dir.glob("*/metrics.json")):
-        row = {"run": metrics.parent.name, **json.loads(metrics.read_text())}
-        rows.append(row)
+    for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        row: dict[str, Any] = {"run": job.name}
+        for name in ("status.json", "metrics.json"):  # status.json: jobs of a sweep (see run_job)
+            if (job / name).is_file():
+                row.update(json.loads((job / name).read_text()))
+        if len(row) > 1:
+            rows.append({"status": "ok", **row})
     return rows
 
 
 def write_tables(rows: list[dict[str, Any]], sweep_dir: Path) -> tuple[Path, Path]:
-    keys = ["run"] + sorted({k for r in rows for k in r} - {"run"})
+    last = ["reason", "overrides"]
+    keys = ["run", "status"] + sorted({k for r in rows for k in r} - {"run", "status", *last}) + last
+    keys = [k for k in keys if any(k in r for r in rows)]
     csv_path, md_path = sweep_dir / "summary.csv", sweep_dir / "summary.md"
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys)
@@ -34,17 +41,18 @@ def write_tables(rows: list[dict[str, Any]], sweep_dir: Path) -> tuple[Path, Pat
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
-        return "" if v is None else str(v)
+        return "" if v is None else str(v).replace("\n", " ").replace("|", "/")
 
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
+    shown = [k for k in keys if k != "overrides"]  # in summary.csv; too long for the table
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(fmt(r.get(k)) for k in shown) + " |" for r in rows]
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
 
 
 class MultirunSummary(Callback):
     """At the end of a multirun, writes ``summary.csv`` and ``summary.md`` in the sweep directory:
-    one row per job with its final metrics (jobs that failed have no row)."""
+    one row per job with its final metrics, or with its status (skipped, failed) and the reason."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -53,4 +61,5 @@ class MultirunSummary(Callback):
             log.warning("multirun summary: no job in %s wrote metrics.json", sweep_dir)
             return
         csv_path, md_path = write_tables(rows, sweep_dir)
-        log.info("multirun summary (%d jobs): %s\n%s", len(rows), csv_path, md_path.read_text())
+        bad = sum(r["status"] != "ok" for r in rows)
+        log.info("multirun summary (%d jobs, %d did not finish): %s\n%s", len(rows), bad, csv_path, md_path.read_text())

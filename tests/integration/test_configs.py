@@ -128,6 +128,13 @@ def test_precheck_lists_every_problem_of_a_sweep_at_once() -> None:
     assert msg.startswith(f"{len(err.value.problems)} configuration problems")
 
 
+def test_precheck_lets_a_sweep_run_its_valid_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    precheck(["-m", "model.heads=4,3"])  # heads=3 cannot divide dim 128: that job will be skipped
+    err = capsys.readouterr().err
+    assert "1 of 2 jobs of this sweep cannot run and will be recorded as skipped" in err
+    assert "[model.heads=3] model.heads=3 does not divide model.dim=128" in err
+
+
 def test_precheck_accepts_valid_command_lines() -> None:
     precheck([])
     precheck(["-m", "pos=none,sinusoidal,learned,rope,alibi"])

@@ -31,3 +31,25 @@ def test_sweep_of_ddp_jobs_writes_runs_and_summary(corpus: Path, tmp_path: Path)
     assert sorted(r["run"] for r in rows) == [r.name for r in runs]
     assert all(float(r["test/loss"]) > 0 for r in rows)
     assert (sweep / "summary.md").read_text().startswith("| run |")
+
+
+def test_a_sweep_records_skipped_and_failed_jobs_and_finishes_the_others(corpus: Path, tmp_path: Path) -> None:
+    # heads=3 does not divide width 32 (refused: skipped); lr=1e30 diverges at the first step (failed)
+    args = ["-m", "name=mixed", *TINY, *text_data(corpus), "model.heads=2,3", "optim.lr=0.001,1e30"]
+    res = run_cli(["train.py", *args], env={"XFAM_RUNS": str(tmp_path)}, timeout=600)
+    assert res.returncode == 1 and "1 job(s) of the sweep failed" in res.stderr, res.stderr[-3000:]
+    assert "2 of 4 jobs of this sweep cannot run and will be recorded as skipped" in res.stderr
+    sweep = tmp_path / "mixed" / "multirun"
+    with open(sweep / "summary.csv") as f:
+        rows = {(r["run"]): r for r in csv.DictReader(f)}
+    assert sorted(r["status"] for r in rows.values()) == ["failed", "ok", "skipped", "skipped"]
+    (ok,) = [r for r in rows.values() if r["status"] == "ok"]
+    assert "optim.lr=0.001" in ok["overrides"] and "model.heads=3" not in ok["overrides"]
+    assert float(ok["test/loss"]) > 0
+    (failed,) = [r for r in rows.values() if r["status"] == "failed"]
+    assert "optim.lr=1e+30" in failed["overrides"] and "model.heads=3" not in failed["overrides"]
+    assert "NonFiniteError: training stopped at step" in failed["reason"]
+    for r in rows.values():
+        if r["status"] == "skipped":
+            assert "model.heads=3" in r["overrides"] and "heads" in r["reason"] and "Fix:" in r["reason"]
+    assert "| status |" in (sweep / "summary.md").read_text().splitlines()[0]

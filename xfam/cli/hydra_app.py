@@ -3,7 +3,10 @@
 ``precheck(argv)`` runs before Hydra: it composes every job a command line would launch (each
 combination of a sweep, up to a limit) and validates each with xfam, so an unknown option, an
 unknown key or an incompatible combination is reported in one clear message before any job
-starts or any directory is created.
+starts or any directory is created. In a sweep, jobs that are individually invalid (e.g. one
+attention x pos pair that cannot combine) do not stop the others: they are announced, then
+recorded as skipped with their reason, and a job that fails while training is recorded as failed;
+the sweep summary lists both (``xfam.hydra_callbacks``) and the command exits 1 if any job failed.
 """
 
 from __future__ import annotations
@@ -134,16 +137,19 @@ def _compose(compose: Any, job: list[str], base: dict[str, Any]) -> tuple[Any, l
 
 
 def precheck(args: list[str]) -> None:
-    """Validate every job of a command line (overrides in ``args``); raises ConfigError."""
+    """Validate every job of a command line (overrides in ``args``); raises ConfigError. In a sweep of
+    several jobs, jobs invalid on their own are only announced (they will be skipped) unless all are."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from xfam.config import validate
 
     problems, overrides = _group_problems([a for a in args if not a.startswith("-")])
+    job_problems: list[str] = []  # problems of single jobs of a sweep
     jobs = _job_overrides(overrides)
     if jobs is None:  # a sweeper's search space (intervals): check the base config only
         jobs = [[o for o in overrides if "(" not in o]]
+    bad_jobs: set[tuple[str, ...]] = set()
     register_resolvers()
     GlobalHydra.instance().clear()
     try:
@@ -158,11 +164,19 @@ def precheck(args: list[str]) -> None:
                     validate(OmegaConf.to_container(cfg, resolve=True))
                 except ConfigError as err:
                     label = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
-                    problems += [label + p for p in err.problems]
+                    (job_problems if len(jobs) > 1 else problems).extend(label + p for p in err.problems)
+                    bad_jobs.add(tuple(job))
     finally:
         GlobalHydra.instance().clear()
-    if problems:
-        raise ConfigError(list(dict.fromkeys(problems)))
+    if problems or (job_problems and len(bad_jobs) == len(jobs)):
+        raise ConfigError(list(dict.fromkeys(problems + job_problems)))
+    if job_problems:  # (before Hydra configures logging: printed)
+        listed = "\n  ".join(dict.fromkeys(job_problems))
+        print(
+            f"xfam: {len(bad_jobs)} of {len(jobs)} jobs of this sweep cannot run and will be recorded as skipped:"
+            f"\n  {listed}",
+            file=sys.stderr,
+        )
 
 
 def report(err: ConfigError, debug: bool) -> None:
@@ -178,17 +192,23 @@ def debug_requested(args: list[str]) -> bool:
     return os.environ.get("XFAM_DEBUG") == "1" or any(a in ("debug=true", "debug=True") for a in args)
 
 
+#: Jobs of this process's sweep that failed (the basic launcher runs them here); main() exits 1 then.
+FAILED_JOBS: list[str] = []
+
+
 def run_job(cfg: DictConfig) -> Any:
     """Hydra's task function body: one job."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
+    from xfam.lit.nonfinite import NonFiniteError
     from xfam.runner import train
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    from xfam.lit.nonfinite import NonFiniteError
-
     debug = plain.get("debug", False) or os.environ.get("XFAM_DEBUG") == "1"
+    if HydraConfig.get().mode == RunMode.MULTIRUN and not debug:
+        return _sweep_job(plain, run_dir, list(HydraConfig.get().overrides.task))
     try:
         metrics = train(plain, run_dir)
     except ConfigError as err:
@@ -214,6 +234,33 @@ def run_job(cfg: DictConfig) -> Any:
     return None
 
 
+def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> Any:
+    """One job of a sweep: its ``status.json`` (ok, skipped by validation or failed in training, the
+    reason, the job's overrides) is read by the sweep summary; a job that does not finish never stops
+    the others."""
+    import json
+    import traceback
+
+    from xfam.runner import train
+
+    status: dict[str, Any] = {"status": "ok"}
+    try:
+        metrics = train(plain, run_dir)
+    except ConfigError as err:
+        status = {"status": "skipped", "reason": str(err)}
+    except Exception as err:  # a job failing in training: the others still run
+        status = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
+        log.error("job %s failed:\n%s", run_dir.name, traceback.format_exc())
+        FAILED_JOBS.append(run_dir.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "status.json").write_text(json.dumps({**status, "overrides": " ".join(overrides)}, indent=1))
+    metric = plain.get("optimized_metric")
+    if status["status"] != "ok":
+        log.warning("job %s %s: %s", run_dir.name, status["status"], status["reason"])
+        return float("nan") if metric else None  # Optuna records a NaN trial as failed
+    return metrics.get(metric) if metric else None
+
+
 def main(task: Any) -> None:
     """Entry point of train.py: pre-launch check, then Hydra."""
     args = sys.argv[1:]
@@ -228,3 +275,6 @@ def main(task: Any) -> None:
         except ConfigError as err:
             report(err, debug_requested(args))
     task()
+    if FAILED_JOBS:
+        print(f"xfam: {len(FAILED_JOBS)} job(s) of the sweep failed: {', '.join(FAILED_JOBS)}", file=sys.stderr)
+        sys.exit(1)
