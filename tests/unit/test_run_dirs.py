@@ -22,13 +22,16 @@ def test_dirname_is_deterministic_readable_and_usable_unquoted_in_an_override() 
     assert len(dirname("+".join(f"k{i}:{i}" for i in range(100)))) <= 160
 
 
-def test_summary_has_one_row_per_finished_job(tmp_path: Path) -> None:
+def test_summary_has_one_row_per_job_with_its_status(tmp_path: Path) -> None:
     for name, loss in (("pos:rope", 1.5), ("pos:alibi", 1.25)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.json").write_text(json.dumps({"step": 10, "val/loss": loss}))
-    (tmp_path / "pos:failed").mkdir()  # a job that died wrote no metrics
+    (tmp_path / "pos:killed").mkdir()  # a job killed from outside wrote nothing: no row
+    (tmp_path / "pos:xl").mkdir()  # a job that failed in training records why
+    (tmp_path / "pos:xl" / "status.json").write_text(json.dumps({"status": "failed", "reason": "Boom: a|b\nc"}))
     rows = summarize(tmp_path)
-    assert [r["run"] for r in rows] == ["pos:alibi", "pos:rope"]
+    assert [(r["run"], r["status"]) for r in rows] == [("pos:alibi", "ok"), ("pos:rope", "ok"), ("pos:xl", "failed")]
     csv_path, md_path = write_tables(rows, tmp_path)
-    assert csv_path.read_text().splitlines()[0] == "run,step,val/loss"
-    assert "| pos:alibi | 10 | 1.25 |" in md_path.read_text()
+    assert csv_path.read_text().splitlines()[0] == "run,status,step,val/loss,reason"
+    table = md_path.read_text()
+    assert "| pos:alibi | ok | 10 | 1.25 |  |" in table and "| pos:xl | failed |  |  | Boom: a/b c |" in table
