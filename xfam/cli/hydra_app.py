@@ -121,19 +121,23 @@ def _key_problem(key: str, base: dict[str, Any]) -> str:
     )
 
 
-def _compose(compose: Any, job: list[str], base: dict[str, Any]) -> tuple[Any, list[str]]:
-    """Compose ``job``, dropping (and reporting) overrides of keys that do not exist."""
-    problems = []
+def _compose(compose: Any, job: list[str]) -> tuple[Any, list[str]]:
+    """Compose ``job``, dropping (and reporting) overrides of keys that do not exist; the valid keys
+    named are those of the config the rest of the job selects (e.g. ``attention=local``'s)."""
+    unknown = []
     for _ in range(len(job) + 1):
         try:
-            return compose("train", overrides=job), problems
+            cfg = compose("train", overrides=job)
         except Exception as err:  # Hydra's composition errors
             key = _unknown_key(err)
             if key is None:
-                return None, problems + [f"{err}. Fix: check the override against `python train.py --help`."]
-            problems.append(_key_problem(key, base))
+                return None, [f"{err}. Fix: check the override against `python train.py --help`."]
+            unknown.append(key)
             job = [o for o in job if o.lstrip("+~").split("=")[0] != key]
-    return None, problems
+            continue
+        plain = OmegaConf.to_container(cfg, resolve=False)
+        return cfg, [_key_problem(key, plain) for key in unknown]
+    return None, []
 
 
 def precheck(args: list[str]) -> None:
@@ -154,9 +158,8 @@ def precheck(args: list[str]) -> None:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            base = OmegaConf.to_container(compose("train"), resolve=False)
             for job in jobs:
-                cfg, compose_problems = _compose(compose, job, base)
+                cfg, compose_problems = _compose(compose, job)
                 problems += compose_problems
                 if cfg is None:
                     continue
