@@ -185,6 +185,24 @@ def test_second_prepare_is_served_from_cache(corpus, hf_cache):
     assert second.split("train").cache_files == first.split("train").cache_files
 
 
+@pytest.mark.parametrize("stage", ["ids", "rows"])
+def test_a_corrupt_cache_file_is_rebuilt_with_a_warning(stage, corpus, hf_cache, caplog):
+    first = make(corpus, seq_len=20)
+    first.prepare()
+    rows = {name: [r["tokens"].tolist() for r in first.split(name)] for name in ("train", "validation", "test")}
+    files = [Path(f["filename"]) for name in rows for f in first.split(name).cache_files]
+    if stage == "ids":  # the token ids the rows were packed from: same folder, named ids-*
+        files = sorted((Path(hf_cache) / "xfam" / "lm").glob("ids-*.arrow"))
+    assert files
+    for path in files:  # a crash mid-write, a bad copy
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    second = make(corpus, seq_len=20)
+    with caplog.at_level("WARNING", logger="xfam"):
+        second.prepare()
+    assert any("cannot be read" in r.message and "rebuilding" in r.message for r in caplog.records)
+    assert {name: [r["tokens"].tolist() for r in second.split(name)] for name in rows} == rows
+
+
 def test_byte_tokenizer():
     tok = ByteTokenizer()
     text = "héllo ✓"

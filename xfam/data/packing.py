@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from xfam.data.base import DataSource
 from xfam.data.tokenize import build_tokenizer, cache_root, short_hash, token_dtype
 from xfam.errors import ConfigError
+from xfam.logs import log
 
 SPLITS = ("train", "validation", "test")
 #: Enters every cache key: bump it when the stored form of ids or rows changes.
@@ -174,17 +175,30 @@ class PackedLM(DataSource):
         }
 
     def _map(self, ds: Any, fn: Callable[[pa.Table], pa.Table], key: str, batch_size: int) -> Any:
+        """``fn`` over ``ds`` in batches, cached in ``<cache_root>/lm/<key>.arrow``; a cache file that
+        cannot be read (a crash mid-write, a bad copy) is rebuilt with a warning."""
         path = cache_root() / "lm" / f"{key}.arrow"
         path.parent.mkdir(parents=True, exist_ok=True)
-        return ds.with_format("arrow").map(
-            fn,
-            batched=True,
-            batch_size=batch_size,
-            remove_columns=ds.column_names,
-            new_fingerprint=key,
-            cache_file_name=str(path),
-            desc=f"xfam {self.registry_name}: {key.split('-')[0]}",
-        )
+
+        def run() -> Any:
+            return ds.with_format("arrow").map(
+                fn,
+                batched=True,
+                batch_size=batch_size,
+                remove_columns=ds.column_names,
+                new_fingerprint=key,
+                cache_file_name=str(path),
+                desc=f"xfam {self.registry_name}: {key.split('-')[0]}",
+            )
+
+        try:
+            return run()
+        except (pa.ArrowException, OSError) as err:
+            if not path.exists():
+                raise
+            log.warning("data cache %s cannot be read (%s: %s); rebuilding it", path, type(err).__name__, err)
+            path.unlink()
+            return run()
 
     def split(self, name: str) -> Any:
         return get_split(getattr(self, "_splits", {}), name, self.registry_name)
