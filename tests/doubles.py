@@ -229,8 +229,6 @@ class ToyDeep(ExitPolicy):
     """Deep supervision: ``aux["deep"] = sum_l mean(logsumexp(head(h_l)))`` over every layer's output;
     depth is ``num_layers`` for every token. Keeps the per-layer outputs in ``self.last_hiddens``."""
 
-    wants_hidden_states = True
-
     def __init__(self) -> None:
         super().__init__()
         self.last_hiddens: list[Tensor] = []
@@ -245,7 +243,7 @@ class ToyDeep(ExitPolicy):
         self.last_hiddens = hiddens
         loss = sum(head(h).logsumexp(-1).mean() for h in hiddens)
         depth = torch.full(x.shape[:2], num_layers, device=x.device)
-        return ExitOutput(hidden=x, aux={"deep": loss}, depth=depth, hiddens=hiddens)
+        return ExitOutput(hidden=x, aux={"deep": loss}, depth=depth)
 
 
 @EXIT.register("toy_stop")

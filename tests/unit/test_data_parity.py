@@ -41,8 +41,8 @@ def test_rows_follow_the_definition():
     rows = table(src)
     ids, labels, ks = rows["input_ids"], rows["label"], rows["difficulty"]
     assert ids.shape == (3000, 10) and src.vocab_size == 4 and src.num_classes == 2 and src.task == "classify"
+    assert set(ks.tolist()) == set(range(1, 11))  # k covers exactly 1..seq_len
     for row, label, k in zip(ids.tolist(), labels.tolist(), ks.tolist()):
-        assert 1 <= k <= 10
         assert all(t in (PLUS, MINUS) for t in row[:k]) and row[k:] == [ZERO] * (10 - k)  # exactly the first k
         assert label == row.count(PLUS) % 2  # parity of the number of +1 entries
     assert torch.equal(difficulty(ids), ks)  # k is recoverable from the tokens

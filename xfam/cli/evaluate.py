@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from xfam.build import build_data
 from xfam.data.module import XfamDataModule
-from xfam.exit.inference import agreement, compares_full_depth, full_depth_logits, set_exit_options
+from xfam.exit.inference import compares_full_depth, full_depth_stats, set_exit_options, summarize_full_depth
 from xfam.lit.checkpoint import load_model
 from xfam.logs import log
 from xfam.metrics import add_stats, batch_stats, summarize
@@ -50,7 +50,6 @@ def evaluate(
     token_bytes = torch.tensor(info["token_bytes"], device=device) if info.get("token_bytes") else None
     total = min(len(loader), limit) if limit else len(loader)
     sums: dict[str, torch.Tensor] = {}
-    full_sums: dict[str, torch.Tensor] = {}
     with Progress(transient=True) as bar:
         task = bar.add_task(f"eval {split}", total=total)
         for i, batch in enumerate(loader):
@@ -61,17 +60,12 @@ def evaluate(
             out = model(batch["input_ids"], **inputs)
             add_stats(sums, batch_stats(info["task"], out.logits, batch, token_bytes, out.depth, model.num_layers))
             if compare:
-                full = full_depth_logits(model, batch["input_ids"], **inputs)
-                add_stats(full_sums, batch_stats(info["task"], full, batch, token_bytes))
-                keep = batch["labels"] != -100 if info["task"] == "lm" else None
-                same, count = agreement(out.logits, full, keep)
-                add_stats(sums, {"agree": same, "agree_count": count})
+                add_stats(sums, full_depth_stats(model, batch, info["task"], token_bytes, out.logits))
             sums["batches"] = sums.get("batches", 0) + 1
             bar.advance(task)
     metrics = {k: float(v) for k, v in summarize(sums, info["task"], split).items()}
     if compare:
-        metrics[f"{split}/agreement"] = float(sums["agree"] / sums["agree_count"].clamp_min(1))
-        metrics |= {k: float(v) for k, v in summarize(full_sums, info["task"], f"{split}/full").items()}
+        metrics |= {k: float(v) for k, v in summarize_full_depth(sums, info["task"], split).items()}
     where = f" with {' '.join(overrides)}" if overrides else ""
     print(f"{ckpt} on {split} ({total} batches of {batch_size}){where}:")
     for k, v in metrics.items():

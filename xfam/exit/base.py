@@ -35,7 +35,6 @@ class ExitOutput:
         hidden: final hidden states ``[B, S, D]`` (before the final norm and head).
         aux: auxiliary losses owned by the policy, summed into the training loss and logged.
         depth: layers used per token ``[B, S]`` (None when every token used every layer).
-        hiddens: per-layer outputs, only for policies with ``wants_hidden_states``.
         logits: the output, when the policy's own per-layer classifiers produced it (else the model
             applies its head to ``hidden``).
     """
@@ -43,7 +42,6 @@ class ExitOutput:
     hidden: Tensor
     aux: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     depth: Tensor | None = None
-    hiddens: list[Tensor] | None = None
     logits: Tensor | None = None
 
 
@@ -51,13 +49,11 @@ class ExitPolicy(nn.Module, Component):
     """Base of every ``exit`` component.
 
     Capabilities:
-        wants_hidden_states: the policy keeps every layer's output (per-layer classifiers).
         early_exit: tokens may skip layers at inference (decode state must then be propagated).
         full_stack: runs every layer once, in order, for every token (the plain stack), so the
             model may replace the traversal (reversible layers run the stack in one pass).
     """
 
-    wants_hidden_states: ClassVar[bool] = False
     early_exit: ClassVar[bool] = False
     full_stack: ClassVar[bool] = False
 

@@ -129,9 +129,8 @@ class DepthAdaptive(EarlyExitPolicy):
         """``sequence`` / ``multinomial``: argmax exit ``[B, S]`` (1-based) and its probability, from the
         first layer's states ``[B, S, D]`` (the sequence classifier reads their mean over real tokens)."""
         if self.kind == "sequence":
-            w = torch.ones_like(h1[..., 0]) if key_padding is None else key_padding.to(h1.dtype)  # [B, S]
-            mean = (h1 * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1)  # [B, D]
-            q = torch.softmax(self.halting(mean).float(), -1).unsqueeze(1).expand(-1, h1.shape[1], -1)
+            q = torch.softmax(self.halting(real_mean(h1, key_padding)).float(), -1)  # [B, N]
+            q = q.unsqueeze(1).expand(-1, h1.shape[1], -1)
         else:
             q = torch.softmax(self.halting(h1).float(), -1)  # [B, S, N]
         prob, idx = q.max(-1)
@@ -224,10 +223,7 @@ class DepthAdaptive(EarlyExitPolicy):
             nll = -log_q.gather(0, (best - 1).unsqueeze(0)).squeeze(0)  # [B, S]
             return (nll * keep).sum() / keep.sum().clamp_min(1)
         if self.kind == "sequence":
-            h1 = hiddens[0]
-            w = torch.ones_like(h1[..., 0]) if key_padding is None else key_padding.to(h1.dtype)
-            mean = (h1 * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1)  # [B, D]
-            return F.cross_entropy(self.halting(mean).float(), best - 1)
+            return F.cross_entropy(self.halting(real_mean(hiddens[0], key_padding)).float(), best - 1)
         logits = self.halting(hiddens[0][:, -s:]).float()  # [B, S, N]
         nll, _ = target_nll(logits, torch.where(keep, best - 1, -100))
         return nll.sum() / keep.sum().clamp_min(1)
@@ -245,3 +241,9 @@ class DepthAdaptive(EarlyExitPolicy):
             nll, keep = target_nll(logits if logits is not None else head(hidden), targets)
             total = total + nll.sum() / keep.sum().clamp_min(1)
         return total / self.samples
+
+
+def real_mean(h: Tensor, key_padding: Tensor | None) -> Tensor:
+    """Mean over the real (unpadded) positions: ``[B, S, D]`` -> ``[B, D]``."""
+    w = torch.ones_like(h[..., 0]) if key_padding is None else key_padding.to(h.dtype)  # [B, S]
+    return (h * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1)

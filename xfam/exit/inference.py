@@ -56,6 +56,25 @@ def full_depth_logits(model: XfamModel, tokens: Tensor, **kwargs: Any) -> Tensor
         return model(tokens, **kwargs).logits
 
 
+def full_depth_stats(
+    model: XfamModel, batch: dict[str, Tensor], task: str, token_bytes: Tensor | None, early_logits: Tensor
+) -> dict[str, Tensor]:
+    """One batch's sums for the comparison with full depth: the full model's ``batch_stats`` (keys
+    ``full/...``) and the top-1 agreement of ``early_logits`` with it (``agree`` of ``agree_count``)."""
+    full = full_depth_logits(model, batch["input_ids"], **_inputs(batch))
+    stats = {f"full/{k}": v for k, v in batch_stats(task, full, batch, token_bytes).items()}
+    keep = batch["labels"] != -100 if task == "lm" else None
+    stats["agree"], stats["agree_count"] = agreement(early_logits, full, keep)
+    return stats
+
+
+def summarize_full_depth(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tensor]:
+    """``{prefix}/full/...`` metrics and ``{prefix}/agreement`` from sums of ``full_depth_stats``."""
+    out = summarize({k[5:]: v for k, v in sums.items() if k.startswith("full/")}, task, f"{prefix}/full")
+    out[f"{prefix}/agreement"] = sums["agree"] / sums["agree_count"].clamp_min(1)
+    return out
+
+
 def agreement(early: Tensor, full: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Summed count of predictions whose argmax equals the full model's, and the count compared
     (``early``/``full`` ``[B, S, V]`` or ``[B, C]``; ``keep`` marks the predictions that count)."""
@@ -83,7 +102,7 @@ def threshold_sweep(
     before = policy.threshold
     full, rows, sums = [], [], []
     for batch in batches:
-        full.append(full_depth_logits(model, batch["input_ids"], **_inputs(batch)))
+        full.append(full_depth_logits(model, batch["input_ids"], **_inputs(batch)))  # [B, S, V]
     try:
         for threshold in thresholds:
             policy.threshold = float(threshold)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from xfam.build import build_model
-from xfam.exit.inference import agreement, compares_full_depth, full_depth_logits
+from xfam.exit.inference import compares_full_depth, full_depth_stats, summarize_full_depth
 from xfam.lit.checkpoint import metadata
 from xfam.lit.optim import make_optimizer
 from xfam.logs import log_once, quiet_lightning
@@ -118,13 +118,7 @@ class XfamLitModule(L.LightningModule):
         add_stats(self._sums, self._stats(out, batch))
         add_stats(self._sums, {f"aux/{k}": v for k, v in out.aux.items()})
         if compares_full_depth(self.model):  # early exit: the full-depth model's metrics and the agreement
-            inputs = {"key_padding": batch.get("key_padding"), "segments": batch.get("segments")}
-            full = full_depth_logits(self.model, batch["input_ids"], **inputs)
-            stats = batch_stats(self.task, full, batch, self.token_bytes)
-            add_stats(self._sums, {f"full/{k}": v for k, v in stats.items()})
-            keep = batch["labels"] != -100 if self.task == "lm" else None
-            same, count = agreement(out.logits, full, keep)
-            add_stats(self._sums, {"agree": same, "agree_count": count})
+            add_stats(self._sums, full_depth_stats(self.model, batch, self.task, self.token_bytes, out.logits))
         self._sums["batches"] = self._sums.get("batches", 0) + 1
 
     def on_validation_epoch_start(self) -> None:
@@ -145,11 +139,9 @@ class XfamLitModule(L.LightningModule):
             k: self.trainer.strategy.reduce(torch.as_tensor(v, device=self.device), reduce_op="sum")
             for k, v in sorted(self._sums.items())
         }
-        metrics = summarize({k: v for k, v in sums.items() if not k.startswith("full/")}, self.task, prefix)
+        metrics = summarize(sums, self.task, prefix)  # (reads only its own keys, not full/...)
         if "agree" in sums:
-            full = {k[5:]: v for k, v in sums.items() if k.startswith("full/")}
-            metrics |= summarize(full, self.task, f"{prefix}/full")
-            metrics[f"{prefix}/agreement"] = sums["agree"] / sums["agree_count"].clamp_min(1)
+            metrics |= summarize_full_depth(sums, self.task, prefix)
         self.log_dict({k: v.float() for k, v in metrics.items()}, prog_bar=prefix == "val", sync_dist=False)
         self._sums = {}
 

@@ -86,7 +86,10 @@ class NonFiniteGuard(L.Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, module: L.LightningModule, optimizer: Any) -> None:
         grads = [p.grad for p in module.parameters() if p.grad is not None]
-        if not self.active or all(bool(torch.isfinite(g).all()) for g in grads):
+        if not self.active or not grads:
+            return
+        largest = torch.stack(torch._foreach_norm(grads, float("inf")))  # max |g| per tensor; NaN stays NaN
+        if bool(torch.isfinite(largest).all()):  # one synchronisation per step, not one per parameter
             return
         step = trainer.global_step
         if self.policy == "skip":
