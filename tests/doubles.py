@@ -32,7 +32,7 @@ from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, expa
 from xfam.attention.mask import AttnMask
 from xfam.attention.vanilla import reference_attention
 from xfam.exit.base import EXIT, ExitOutput, ExitPolicy
-from xfam.memory.base import MEMORY, Memory, MemoryState
+from xfam.memory.base import MEMORY, LayerView, Memory, MemoryState
 from xfam.model.spec import ModelSpec
 from xfam.model.transformer import XfamModel
 from xfam.pos.base import POS, PositionalEncoding, ScoreBias, ScoreModifier
@@ -216,7 +216,7 @@ class ToyMemory(Memory):
     def read(self, state: MemoryState) -> Tensor | None:
         return state
 
-    def write(self, state: MemoryState, hidden: Tensor) -> tuple[MemoryState, dict[str, Tensor]]:
+    def write(self, state: MemoryState, hidden: Tensor, view: LayerView) -> tuple[MemoryState, dict[str, Tensor]]:
         new = hidden.detach() if state is None else torch.cat((state, hidden.detach()), dim=1)  # [B, M + S, D]
         return new[:, -self.mem_len :], {}
 

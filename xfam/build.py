@@ -29,11 +29,40 @@ def data_info(source: DataSource) -> dict[str, Any]:
     }
 
 
+def model_io(config: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """What sizes the model's input and output layers: the task, the vocabulary (``model.vocab_size``,
+    else the data's) and the number of classes."""
+    vocab = config["model"].get("vocab_size") or info["vocab_size"]
+    return {"task": info["task"], "vocab_size": vocab, "num_classes": info.get("num_classes")}
+
+
+def check_checkpoint_data(ckpt: str, config: dict[str, Any], info: dict[str, Any]) -> None:
+    """Refuse to resume ``ckpt`` on data its model cannot take (token ids outside its vocabulary,
+    another vocabulary size, task or class count): its embedding or head has other shapes. Runs once
+    the data is prepared and before anything is written, so a refused resume changes nothing."""
+    from xfam.lit.checkpoint import read
+
+    meta = read(ckpt)["xfam"]
+    saved, now = model_io(meta["config"], meta["data_info"]), model_io(config, info)
+    if saved == now:
+        return
+    diff = [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in saved if saved[key] != now[key]]
+    why = "its model cannot take this data"
+    if saved["task"] == now["task"] and now["vocab_size"] > saved["vocab_size"]:
+        why = f"this data has token ids up to {now['vocab_size'] - 1}, outside the checkpoint's vocabulary"
+    raise ConfigError(
+        f"checkpoint {ckpt} was trained on other data: {why} ({'; '.join(diff)}; data fingerprint "
+        f"{meta['data_info'].get('fingerprint')} -> {info.get('fingerprint')}). Nothing was changed. Fix: resume "
+        f"with the data settings of the checkpoint's run (its config.yaml), or start a fresh run (ckpt_path=null, "
+        f"another name)."
+    )
+
+
 def build_model(config: dict[str, Any], info: dict[str, Any]) -> XfamModel:
     """The model described by ``config`` (sections model/attention/pos/memory/exit) for the data
     described by ``info`` (see ``data_info``)."""
     spec = ModelSpec(**config["model"])
-    vocab = spec.vocab_size or info["vocab_size"]
+    vocab = model_io(config, info)["vocab_size"]
     if vocab < info["vocab_size"]:
         raise ConfigError(
             f"model.vocab_size={vocab} is smaller than the data's vocabulary ({info['vocab_size']} token ids): "

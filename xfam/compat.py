@@ -14,7 +14,7 @@ from xfam.attention.base import ATTENTION, AttentionMechanism
 from xfam.exit.base import EXIT, ExitPolicy
 from xfam.memory.base import MEMORY, Memory
 from xfam.pos.base import POS, PositionalEncoding
-from xfam.registry import defaults_of
+from xfam.registry import defaults_of, signature_params
 
 
 @dataclasses.dataclass
@@ -64,18 +64,24 @@ def _attention_vs_model(att: type[AttentionMechanism], causal: bool) -> str | No
     return None
 
 
-def _memory_reasons(mem: type[Memory], sel: Selection) -> list[str]:
+def _memory_reasons(mem: type[Memory], params: dict[str, Any], sel: Selection) -> list[str]:
     name = mem.registry_name
     out = []
-    if mem.needs_relative_pos and not sel.pos[0].relative:
+    if mem.needs_relative_pos and not sel.pos[0].relative and not params.get("allow_absolute_pos"):
+        relative = [n for n, c in POS.items() if c.relative and n != "none"]
         out.append(
             f"memory={name} needs relative positions (stored keys must keep their meaning in the next segment), "
-            f"but pos={sel.pos[0].registry_name} is absolute"
+            f"but pos={sel.pos[0].registry_name} is absolute: use pos in [{', '.join(relative)}]"
+            + (
+                " (or memory.allow_absolute_pos=true, for an ablation only)"
+                if "allow_absolute_pos" in signature_params(mem)
+                else ""
+            )
         )
     if mem.needs_streams and not sel.streams:
         out.append(
             f"memory={name} needs contiguous streams (row i of batch t+1 continues row i of batch t); "
-            f"set loader.streams=true"
+            f"set loader.streams=auto (or true)"
         )
     for att, _, _ in sel.attention:
         if not att.accepts_memory and name != "none":
@@ -128,7 +134,7 @@ def check(sel: Selection) -> list[str]:
             problems.append(f"{why}. Alternatives: {alt_pos} with this attention, or {alt_att} with this pos.")
         problems += att.refusals(params, sel)
     for mem, params in {cls.registry_name: (cls, p) for cls, p in sel.memory}.values():
-        for why in _memory_reasons(mem, sel):
+        for why in _memory_reasons(mem, params, sel):
             problems.append(f"{why}. Fix: change the named setting, or use memory=none.")
         problems += mem.refusals(params, sel)
     problems += pos_cls.refusals(pos_params, sel)

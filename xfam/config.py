@@ -7,9 +7,13 @@ all, each with the fix. It reads signatures and class attributes only: no data, 
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import inspect
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import xfam.attention
@@ -47,10 +51,29 @@ XFAM_TRAINER = {"nonfinite": ("stop", "skip")}
 
 
 def _trainer_params() -> list[str]:
+    names = lightning_trainer_args()
+    return [n for n in names if n not in TRAINER_OWNED]
+
+
+@functools.cache
+def lightning_trainer_args(source: bool = True) -> list[str]:
+    """The argument names of ``lightning.Trainer``, read from its source file: importing Lightning takes
+    ~4 s, most of the time a refused command line costs (its signature when the source cannot be read)."""
+    spec = importlib.util.find_spec("lightning")  # finds the package without importing it
+    if source and spec is not None and spec.submodule_search_locations:
+        path = Path(spec.submodule_search_locations[0], "pytorch", "trainer", "trainer.py")
+        try:
+            tree = ast.parse(path.read_text())
+        except (OSError, SyntaxError):
+            tree = ast.Module(body=[], type_ignores=[])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == "Trainer":
+                for fn in node.body:
+                    if isinstance(fn, ast.FunctionDef) and fn.name == "__init__" and not fn.args.kwarg:
+                        return [a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs]
     import lightning
 
-    names = [p for p in inspect.signature(lightning.Trainer.__init__).parameters if p != "self"]
-    return [n for n in names if n not in TRAINER_OWNED]
+    return [p for p in inspect.signature(lightning.Trainer.__init__).parameters if p != "self"]
 
 
 def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
@@ -72,6 +95,49 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
             f"Fix: trainer.precision=32-true or bf16-mixed (slow on CPUs without bf16 units)."
         )
     return out
+
+
+def check_machine(cfg: Mapping[str, Any]) -> None:
+    """Refuse a trainer this machine cannot run (no GPU for ``trainer=gpu/ddp/fsdp``), in one message.
+
+    Kept apart from ``validate``, which judges the config alone: a config meant for a GPU node is
+    valid on a laptop or a SLURM login node, and is checked where it runs."""
+    import torch
+
+    trainer = cfg["trainer"]
+    strategy, accelerator = str(trainer.get("strategy", "auto")), str(trainer.get("accelerator", "auto"))
+    cuda = torch.cuda.is_available()
+    gpu = cuda or torch.backends.mps.is_available()
+    where = "this machine has none (torch.cuda.is_available() is False)"
+    if strategy.startswith("fsdp") and not cuda:
+        raise ConfigError(
+            f"trainer.strategy={strategy!r} (trainer=fsdp) shards the model over CUDA GPUs, and {where}. "
+            "Fix: trainer=fsdp needs GPUs; on CPU use trainer=ddp_cpu (data parallel over 2 processes) or "
+            "trainer=cpu, or run it on a GPU machine (e.g. python train.py -m hydra/launcher=slurm trainer=fsdp)."
+        )
+    if (accelerator == "cuda" and not cuda) or (accelerator == "gpu" and not gpu):
+        raise ConfigError(
+            f"trainer.accelerator={accelerator!r} (trainer=gpu / ddp) needs a GPU, and {where}. "
+            "Fix: on CPU use trainer=cpu (or trainer=ddp_cpu for 2 processes), or run it on a GPU machine."
+        )
+
+
+def resolve_streams(cfg: Mapping[str, Any]) -> tuple[bool, str]:
+    """``streams_of`` for a validated config."""
+    layers = cfg["model"]["layers"]
+    memory = [(MEMORY.get(m["name"]), m) for m in per_layer(cfg["memory"], layers, "memory")]
+    return streams_of(cfg["loader"], memory)
+
+
+def streams_of(loader: Mapping[str, Any], memory: list[tuple[type, dict]]) -> tuple[bool, str]:
+    """Whether batches are contiguous streams, and why (``loader.streams=auto``: when a memory needs them)."""
+    chosen = loader.get("streams", "auto")
+    if chosen != "auto":
+        return bool(chosen), f"loader.streams={str(chosen).lower()}"
+    needing = sorted({cls.registry_name for cls, _ in memory if cls.needs_streams})
+    if needing:
+        return True, f"loader.streams=auto: contiguous streams, as memory={needing[0]} carries state across batches"
+    return False, "loader.streams=auto: shuffled rows (no memory needs streams)"
 
 
 def _slot_problems(
@@ -113,7 +179,7 @@ def _slot_problems(
         exit=(EXIT.get(cfg["exit"]["name"]), cfg["exit"]),
         causal=causal,
         task=task,
-        streams=bool(cfg["loader"].get("streams", False)),
+        streams=streams_of(cfg["loader"], memory)[0],
         reversible=spec.reversible,
     )
     return [], sel
@@ -131,6 +197,11 @@ def validate(cfg: Mapping[str, Any]) -> None:
     problems += check_params(OptimSpec, cfg["optim"], "optim", structural=())
     problems += check_params(LoggerSpec, cfg["logger"], "logger", structural=())
     problems += check_params(CallbacksSpec, cfg["callbacks"], "callbacks", structural=())
+    if (sig := cfg["callbacks"].get("requeue_signal")) is not None and sig == cfg["callbacks"].get("stop_signal"):
+        problems.append(
+            f"callbacks.requeue_signal and callbacks.stop_signal are both {sig}. "
+            f"Fix: give them different signals, or set one to null."
+        )
     problems += check_trainer(cfg["trainer"])
     if (ckpt := cfg.get("ckpt_path")) not in (None, "auto") and not os.path.isfile(ckpt):
         problems.append(f"ckpt_path={ckpt!r}: no such file. Fix: give an existing checkpoint, or ckpt_path=auto.")
@@ -161,15 +232,12 @@ def validate(cfg: Mapping[str, Any]) -> None:
                 f"Fix: model.max_len={seq_len} or more, a shorter data.seq_len, or a pos that extrapolates "
                 f"(pos=rope, pos=alibi)."
             )
-        if sel.has_memory and cfg["data"].get("doc_mask"):
+        if sel.streams and data_cls is not None and not data_cls.contiguous:
+            why = streams_of(cfg["loader"], sel.memory)[1]
             problems.append(
-                "data.doc_mask=true keeps attention inside documents, but memory carries keys across segments "
-                "without document ids. Fix: data.doc_mask=false or memory=none."
-            )
-        if cfg["loader"].get("streams") and data_cls is not None and not data_cls.contiguous:
-            problems.append(
-                f"loader.streams=true needs a contiguous source (consecutive rows of one token stream); "
-                f"data={cfg['data']['name']} is not. Fix: loader.streams=false or data=text/hf."
+                f"{why}: contiguous streams need a contiguous source (consecutive rows of one token stream); "
+                f"data={cfg['data']['name']} is not. Fix: data=text or data=hf"
+                + (", or memory=none." if sel.has_memory else ", or loader.streams=false.")
             )
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))

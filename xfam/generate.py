@@ -3,13 +3,17 @@ mechanism keeps), with temperature, top-k and nucleus (top-p, Holtzman et al., 2
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
 from xfam.errors import ConfigError
 from xfam.model.transformer import XfamModel
+
+if TYPE_CHECKING:
+    from xfam.knnlm.interpolate import KnnMixer
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -45,9 +49,12 @@ def generate(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     stop_token: int | None = None,
+    knn: KnnMixer | None = None,
 ) -> Generation:
     """Continue ``prompt [B, T]``. The prompt is processed in one call, then each new token in one
-    incremental call (an early-exit policy decides each token's depth in that call)."""
+    incremental call (an early-exit policy decides each token's depth in that call). With ``knn``
+    (``xfam.knnlm.KnnMixer``) tokens are drawn from kNN-LM's interpolated distribution, whose
+    log-probabilities are then the returned logits."""
     if model.task != "lm":
         raise ConfigError("generate needs a language model; this checkpoint is a classifier. Fix: use `xfam eval`.")
     if model.uses_memory:
@@ -58,21 +65,22 @@ def generate(
     if prompt.shape[1] == 0:
         raise ConfigError("generate needs a prompt of at least one token. Fix: pass prompt=<text>.")
     model.eval()
-    out = model(prompt, cache=model.empty_cache())
-    tokens, used, depths = prompt, [], []
-    logits = out.logits[:, -1]
-    for _ in range(max_new_tokens):
-        used.append(logits)
-        depths.append(out.depth[:, -1] if out.depth is not None else None)
-        if temperature == 0:
-            nxt = logits.argmax(-1, keepdim=True)
-        else:
-            probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
-        tokens = torch.cat((tokens, nxt), dim=1)
-        if stop_token is not None and bool((nxt == stop_token).all()):
-            break
-        out = model(nxt, cache=out.cache)
-        logits = out.logits[:, -1]
+    with knn if knn is not None else contextlib.nullcontext():
+        out = model(prompt, cache=model.empty_cache())
+        tokens, used, depths = prompt, [], []
+        logits = out.logits[:, -1] if knn is None else knn(out.logits[:, -1])
+        for _ in range(max_new_tokens):
+            used.append(logits)
+            depths.append(out.depth[:, -1] if out.depth is not None else None)
+            if temperature == 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
+            tokens = torch.cat((tokens, nxt), dim=1)
+            if stop_token is not None and bool((nxt == stop_token).all()):
+                break
+            out = model(nxt, cache=out.cache)
+            logits = out.logits[:, -1] if knn is None else knn(out.logits[:, -1])
     depth = torch.stack(depths, dim=1) if depths and depths[0] is not None else None
     return Generation(tokens, torch.stack(used, dim=1), depth)

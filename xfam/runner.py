@@ -17,8 +17,8 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_only
 
 from xfam.allocator import keep_freed_memory
-from xfam.build import build_data, data_info
-from xfam.config import validate
+from xfam.build import build_data, check_checkpoint_data, data_info
+from xfam.config import resolve_streams, validate
 from xfam.errors import ConfigError
 from xfam.lit import checkpoint
 from xfam.logs import log
@@ -112,10 +112,14 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
     source = build_data(cfg)
     source.prepare()
     info = data_info(source)
+    if ckpt is not None:
+        check_checkpoint_data(ckpt, cfg, info)  # the checkpoint's model must fit this data
     module = XfamLitModule(cfg, info)  # builds the model: vocabulary and size errors surface here
     loader = LoaderSpec(**cfg["loader"])
-    datamodule = XfamDataModule(source, seed=cfg["seed"], streams=loader.streams, num_workers=loader.num_workers)
-    trainer = make_trainer(cfg, run_dir, callbacks or [])
+    streams, why = resolve_streams(cfg)
+    log.info(why)
+    datamodule = XfamDataModule(source, seed=cfg["seed"], streams=streams, num_workers=loader.num_workers)
+    trainer = make_trainer(cfg, run_dir, callbacks or [], resume_step=resumed_at)
     handler = write_record(run_dir, cfg, source)
     try:
         log.info("run directory: %s", run_dir)

@@ -13,6 +13,9 @@ from typing import Annotated, Literal
 
 from xfam.registry import NonNegative, Positive, Range
 
+#: Signals ``callbacks.requeue_signal`` and ``callbacks.stop_signal`` may name.
+Signal = Literal["USR1", "USR2", "TERM", "INT", "HUP"]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunSpec:
@@ -43,10 +46,11 @@ class LoaderSpec:
     Attributes:
         streams: contiguous streams for the memory slot: row i of batch t+1 continues row i of
             batch t (needs a contiguous source such as ``data=text``); otherwise rows are shuffled.
+            ``auto``: streams exactly when the selected memory needs them (logged).
         num_workers: DataLoader worker processes (0 is fastest for small rows on a small CPU).
     """
 
-    streams: bool = False
+    streams: bool | Literal["auto"] = "auto"
     num_workers: Annotated[int, NonNegative] = 0
 
 
@@ -107,6 +111,13 @@ class CallbacksSpec:
             log) a line every 30 s replaces the live bar.
         lr_monitor: log the learning rate.
         loss_curve: write ``loss_curve.png`` in the run directory at the end of training.
+        requeue_signal: on this signal (SLURM: ``sbatch --signal=USR1@90``, sent before the time
+            limit) write ``step-N.ckpt`` and ``last.ckpt`` at the end of the current step, requeue the
+            SLURM job (``scontrol requeue``) and exit with status 128 + the signal number
+            (``xfam.lit.preempt``); null: no requeue on any signal (Lightning's own SLURM
+            auto-requeue stays off).
+        stop_signal: the same without the requeue (SIGTERM: preemption, ``scancel``, the time limit
+            itself); null: Lightning's default handling of it.
     """
 
     every_n_steps: Annotated[int, Positive] = 250
@@ -116,3 +127,5 @@ class CallbacksSpec:
     progress_bar: Literal["rich", "tqdm", "none"] = "rich"
     lr_monitor: bool = True
     loss_curve: bool = True
+    requeue_signal: Signal | None = "USR1"
+    stop_signal: Signal | None = "TERM"

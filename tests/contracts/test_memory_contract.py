@@ -19,30 +19,39 @@ def test_the_relative_encodings_are_the_expected_ones():
     assert not {"learned", "sinusoidal"} & set(RELATIVE)
 
 
+# the toy proves the contract; every real recurrent memory must meet it too
+RECURRENT = ["toy_memory", "xl", "compressive"]
+
+
+@pytest.mark.parametrize("memory", RECURRENT)
 @pytest.mark.parametrize("pos", RELATIVE)
 @pytest.mark.parametrize(("seg_len", "n_segments", "mem_len"), [(6, 2, 6), (4, 3, 8), (4, 2, 16)])
-def test_segments_with_memory_equal_one_full_run(pos, seg_len, n_segments, mem_len):
+def test_segments_with_memory_equal_one_full_run(memory, pos, seg_len, n_segments, mem_len):
     """With mem_len covering everything seen so far, segment k's logits equal those positions of a single
     run over all segments: keys carried in memory keep their meaning (and their distance) next segment."""
-    model = build_model(pos=pos, layers=3, memory={"name": "toy_memory", "mem_len": mem_len})
+    model = build_model(pos=pos, layers=3, memory={"name": memory, "mem_len": mem_len})
     x = torch.randint(0, V, (2, seg_len * n_segments))
     full = model(x).logits
     state = model.init_memory(2, x.device)
     for i in range(n_segments):
         out = model(x[:, i * seg_len : (i + 1) * seg_len], memory=state)
         state = out.memory
-        assert len(state) == 3 and state[0].shape == (2, min(mem_len, (i + 1) * seg_len), 32)
+        stored = model.memories[0].read(state[0])
+        kept = min(mem_len, (i + 1) * seg_len)  # at least: compressive also keeps compressed slots
+        assert len(state) == 3 and stored.shape[0::2] == (2, 32) and stored.shape[1] >= kept
         assert torch.allclose(out.logits, full[:, i * seg_len : (i + 1) * seg_len], atol=1e-5), f"segment {i}"
     # without memory the later segment does not see the earlier one (the memory is what carried it)
     alone = model(x[:, -seg_len:]).logits
     assert not torch.allclose(alone, full[:, -seg_len:], atol=1e-4)
 
 
-def test_memory_is_detached_between_segments():
-    model = build_model(pos="rope", memory={"name": "toy_memory", "mem_len": 8}).train()
+@pytest.mark.parametrize("memory", RECURRENT)
+def test_memory_is_detached_between_segments(memory):
+    model = build_model(pos="rope", memory={"name": memory, "mem_len": 8}).train()
     x = torch.randint(0, V, (2, 12))
     out1 = model(x[:, :6], memory=model.init_memory(2, x.device))
-    assert all(not m.requires_grad and m.grad_fn is None for m in out1.memory)
+    stored = [m.read(st) for m, st in zip(model.memories, out1.memory)]
+    assert all(not m.requires_grad and m.grad_fn is None for m in stored)
     # a loss on segment 2 reaches the parameters, but no graph runs back into segment 1
     leaf = model.embed.weight
     out2 = model(x[:, 6:], memory=out1.memory)

@@ -55,9 +55,10 @@ def compose_cfg(overrides: list[str]) -> dict:
 
 
 def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 300, env: dict | None = None):
-    """Run ``python <args>`` from the repository root with single-threaded, offline settings."""
+    """Run ``python <args>`` from the repository root with single-threaded, offline settings (and
+    ``XFAM_DEBUG`` only when ``env`` sets it)."""
     full_env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "XFAM_DEBUG"},
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
@@ -65,7 +66,6 @@ def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 300, env: d
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    full_env.pop("XFAM_DEBUG", None)
     return subprocess.run(
         [sys.executable, *args], cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
     )

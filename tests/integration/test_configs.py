@@ -10,7 +10,7 @@ import yaml
 from tests.integration.helpers import CONFIG_DIR, compose_cfg
 from xfam.attention import ATTENTION
 from xfam.cli.hydra_app import config_groups, precheck
-from xfam.config import SLOTS, validate
+from xfam.config import SLOTS, lightning_trainer_args, validate
 from xfam.errors import ConfigError
 from xfam.model.spec import ModelSpec
 from xfam.registry import defaults_of
@@ -82,6 +82,11 @@ def test_optuna_search_and_slurm_launcher_compose(tmp_path: Path) -> None:
         assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
         assert cfg.hydra.launcher.tasks_per_node == cfg.hydra.launcher.gpus_per_node
     GlobalHydra.instance().clear()
+
+
+def test_trainer_keys_are_read_from_lightnings_source() -> None:
+    """(Importing Lightning takes seconds, so validation reads Trainer's arguments from its source.)"""
+    assert lightning_trainer_args() == lightning_trainer_args(source=False)
 
 
 def test_fsdp_and_gpu_trainers_compose_for_gpus() -> None:

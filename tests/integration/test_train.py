@@ -18,24 +18,24 @@ from xfam.lit.checkpoint import load_model
 from xfam.runner import train
 
 
+def log_rows(run_dir: Path) -> list[dict[str, str]]:
+    """The rows of a run's CSV log: one file, which a resumed run continues (xfam.lit.resume_logs)."""
+    with open(run_dir / "logs" / "version_0" / "metrics.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
 def step_losses(run_dir: Path) -> dict[int, float]:
-    """Per-step training loss from every CSV log version of a run (later versions win)."""
-    out = {}
-    for f in sorted(run_dir.glob("logs/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
-        with open(f) as fh:
-            for row in csv.DictReader(fh):
-                if row.get("train/loss"):
-                    out[int(row["step"])] = float(row["train/loss"])
+    """Per-step training loss of a run (resumed or not); a step logged twice fails."""
+    out: dict[int, float] = {}
+    for row in log_rows(run_dir):
+        if row.get("train/loss"):
+            assert int(row["step"]) not in out, f"step {row['step']} logged twice"
+            out[int(row["step"])] = float(row["train/loss"])
     return out
 
 
 def epochs(run_dir: Path) -> set[int]:
-    return {
-        int(float(row["epoch"]))
-        for f in run_dir.glob("logs/version_*/metrics.csv")
-        for row in csv.DictReader(open(f))
-        if row.get("epoch")
-    }
+    return {int(float(row["epoch"])) for row in log_rows(run_dir) if row.get("epoch")}
 
 
 @pytest.mark.parametrize("pos", ["none", "sinusoidal", "learned", "rope", "alibi"])

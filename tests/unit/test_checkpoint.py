@@ -54,3 +54,25 @@ def test_architecture_diff_names_the_changed_keys() -> None:
     b = {"model": {"dim": 64, "heads": 2}, "pos": {"name": "alibi"}, "optim": {"lr": 2.0}}
     assert architecture_diff(a, b) == ["model.dim: 32 -> 64", "pos.name: 'rope' -> 'alibi'"]
     assert architecture_diff(a, a) == []
+
+
+def test_a_checkpoint_resumes_only_on_data_its_model_can_take(tmp_path: Path) -> None:
+    from xfam.build import check_checkpoint_data
+
+    def info(task: str = "lm", vocab: int = 257, classes: int | None = None) -> dict:
+        return {"task": task, "vocab_size": vocab, "num_classes": classes, "fingerprint": f"{task}{vocab}{classes}"}
+
+    config = {"model": {"vocab_size": None}}
+    path = tmp_path / "run.ckpt"
+    meta = {"config_version": checkpoint.CONFIG_VERSION, "config": config, "data_info": info()}
+    torch.save({"xfam": meta}, path)
+    check_checkpoint_data(str(path), config, {**info(), "fingerprint": "other text, same vocabulary"})
+    with pytest.raises(ConfigError, match=r"ids up to 299, outside the checkpoint.s vocabulary \(vocab_size: 257"):
+        check_checkpoint_data(str(path), config, info(vocab=300))
+    with pytest.raises(ConfigError, match="vocab_size: 257 -> 17; num_classes: None -> 10"):
+        check_checkpoint_data(str(path), config, info("classify", 17, 10))
+    with pytest.raises(ConfigError, match="vocab_size: 257 -> 100"):
+        check_checkpoint_data(str(path), config, info(vocab=100))  # a smaller embedding: other shapes too
+    fixed = {"model": {"vocab_size": 512}}  # an explicit model.vocab_size: the embedding does not follow the data
+    torch.save({"xfam": {**meta, "config": fixed}}, path)
+    check_checkpoint_data(str(path), fixed, info(vocab=300))

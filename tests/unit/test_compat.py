@@ -103,7 +103,7 @@ def test_memory_refuses_absolute_positions():
 
 def test_memory_refuses_batches_that_are_not_streams():
     (msg,) = compat.check(selection(pos="rope", memory="toy_memory", streams=False))
-    assert "memory=toy_memory needs contiguous streams" in msg and "streams=true" in msg
+    assert "memory=toy_memory needs contiguous streams" in msg and "loader.streams=auto (or true)" in msg
     # one message per memory component, not one per layer
     assert len(compat.check(selection(pos="learned", memory="toy_memory", layers=4))) == 2
 

@@ -3,10 +3,12 @@
 ``precheck(argv)`` runs before Hydra: it composes every job a command line would launch (each
 combination of a sweep, up to a limit) and validates each with xfam, so an unknown option, an
 unknown key or an incompatible combination is reported in one clear message before any job
-starts or any directory is created. In a sweep, jobs that are individually invalid (e.g. one
-attention x pos pair that cannot combine) do not stop the others: they are announced, then
-recorded as skipped with their reason, and a job that fails while training is recorded as failed;
-the sweep summary lists both (``xfam.hydra_callbacks``) and the command exits 1 if any job failed.
+starts or any directory is created; so is a trainer this machine cannot run (``trainer=fsdp``
+without a GPU), unless the jobs go to a cluster (``hydra/launcher=...``). In a sweep, jobs that
+are individually invalid (e.g. one attention x pos pair that cannot combine) do not stop the
+others: they are announced, then recorded as skipped with their reason, and a job that fails
+while training is recorded as failed; the sweep summary lists both (``xfam.hydra_callbacks``) and
+the command exits 1 if any job failed.
 """
 
 from __future__ import annotations
@@ -146,9 +148,11 @@ def precheck(args: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from xfam.config import validate
+    from xfam.config import check_machine, validate
 
     problems, overrides = _group_problems([a for a in args if not a.startswith("-")])
+    launcher = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("hydra/launcher=")]
+    here = launcher in ([], ["basic"])  # jobs run on this machine (not on a cluster's nodes)
     job_problems: list[str] = []  # problems of single jobs of a sweep
     jobs = _job_overrides(overrides)
     if jobs is None:  # a sweeper's search space (intervals): check the base config only
@@ -164,7 +168,10 @@ def precheck(args: list[str]) -> None:
                 if cfg is None:
                     continue
                 try:
-                    validate(OmegaConf.to_container(cfg, resolve=True))
+                    plain = OmegaConf.to_container(cfg, resolve=True)
+                    validate(plain)
+                    if here:
+                        check_machine(plain)
                 except ConfigError as err:
                     label = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
                     (job_problems if len(jobs) > 1 else problems).extend(label + p for p in err.problems)

@@ -62,7 +62,8 @@ def listing() -> str:
     reasons = sorted({r for r in table.values() if r})
     lines += [f"  NO: {r}" for r in reasons]
     lines += sorted({f"  yes*: not at its default settings: {r}" for rs in notes.values() for r in rs})
-    lines.append("\nMemory components need relative positions and loader.streams=true unless they say otherwise;")
+    lines.append("\nMemory components need relative positions and contiguous streams (loader.streams=auto picks them)")
+    lines.append("unless they say otherwise;")
     lines.append("`python train.py ...` checks the whole selection before it starts and names alternatives.")
     return "\n".join(lines)
 

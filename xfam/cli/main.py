@@ -4,6 +4,8 @@
     xfam eval ckpt=PATH [split=test]       metrics of a checkpoint on a split of its data
     xfam generate ckpt=PATH prompt="def "  sampling with a KV cache
     xfam calibrate ckpt=PATH delta=0.1     an early-exit threshold with a guarantee (Learn-then-Test)
+    xfam knnlm build ckpt=PATH             a kNN-LM datastore of a split (keys: the final FFN's input)
+    xfam knnlm eval ckpt=PATH store=DIR    the checkpoint with and without kNN-LM interpolation
 
 Early-exit models take ``exit.KEY=VALUE`` words in eval, generate and calibrate (e.g.
 ``exit.threshold=0.8 exit.measure=saturation``): their inference options.
@@ -46,7 +48,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser = argparse.ArgumentParser(
         prog="xfam", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,eval,generate,calibrate}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,eval,generate,calibrate,knnlm}")
 
     p = sub.add_parser("list", help="components, their parameters and capabilities, compatibility")
     p.add_argument("--markdown", action="store_true", help="print the README's slot table instead")
@@ -69,6 +71,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--num_samples", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check", action="store_true", help="also verify cached logits against a full recompute")
+    p.add_argument("--knnlm_store", default=None, help="sample from kNN-LM over this datastore (xfam knnlm build)")
+    p.add_argument("--knnlm_lambda", type=float, default=0.25, help="kNN-LM: weight of p_kNN")
+    p.add_argument("--knnlm_k", type=int, default=1024, help="kNN-LM: neighbours retrieved per token")
+    p.add_argument("--knnlm_temperature", type=float, default=1.0, help="kNN-LM: p_kNN ∝ exp(-d / temperature)")
+    p.add_argument("--knnlm_index", default="exact", choices=["exact", "faiss"], help="kNN-LM: search index")
     p.add_argument("--device", default="cpu")
     p.add_argument("overrides", nargs="*", metavar="exit.KEY=VALUE", help=EXIT_HELP)
 
@@ -84,14 +91,28 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--limit", type=int, default=None, help="use at most this many batches")
     p.add_argument("--device", default="cpu")
     p.add_argument("overrides", nargs="*", metavar="exit.KEY=VALUE", help=EXIT_HELP)
+
+    from xfam.cli.knnlm import add_parsers
+
+    add_parsers(sub)
     return parser, dict(sub.choices)
+
+
+def _nested(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands of a subcommand (``xfam knnlm build``), if it has any."""
+    found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(found[0].choices) if found else {}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser, subparsers = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in subparsers:
-        argv = argv[:1] + _kv_args(argv[1:], subparsers[argv[0]])
+        nested = _nested(subparsers[argv[0]])
+        if len(argv) > 1 and argv[1] in nested:
+            argv = argv[:2] + _kv_args(argv[2:], nested[argv[1]])
+        else:
+            argv = argv[:1] + _kv_args(argv[1:], subparsers[argv[0]])
     args = parser.parse_args(argv)
     debug = os.environ.get("XFAM_DEBUG") == "1"
     try:
@@ -107,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
             from xfam.cli.calibrate import calibrate
 
             calibrate(args)
+        elif args.command == "knnlm":
+            from xfam.cli.knnlm import run
+
+            run(args)
         else:
             from xfam.cli.sample import sample
 

@@ -1,8 +1,10 @@
-"""``xfam generate``: sample from a language-model checkpoint with a KV cache."""
+"""``xfam generate``: sample from a language-model checkpoint with a KV cache (optionally from kNN-LM's
+interpolated distribution over a datastore, ``knnlm_store=DIR``)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +13,9 @@ from xfam.errors import ConfigError
 from xfam.exit.inference import agreement, compares_full_depth, full_depth_logits, set_exit_options
 from xfam.generate import generate
 from xfam.lit.checkpoint import load_model
+
+if TYPE_CHECKING:
+    from xfam.knnlm import KnnMixer
 
 
 def sample(args: argparse.Namespace) -> None:
@@ -34,6 +39,7 @@ def sample(args: argparse.Namespace) -> None:
         )
     prompt = torch.tensor([ids] * args.num_samples, device=args.device)
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    knn = knn_mixer(model, meta, args) if args.knnlm_store else None
     tokens, logits, depth = generate(
         model,
         prompt,
@@ -42,6 +48,7 @@ def sample(args: argparse.Namespace) -> None:
         top_k=args.top_k,
         top_p=args.top_p,
         generator=gen,
+        knn=knn,
     )
     for row in tokens.tolist():
         print(tokenizer.decode(row))
@@ -63,6 +70,21 @@ def sample(args: argparse.Namespace) -> None:
         )
         if not ok:
             raise SystemExit(1)
+
+
+def knn_mixer(model: torch.nn.Module, meta: dict, args: argparse.Namespace) -> KnnMixer:
+    """kNN-LM over ``args.knnlm_store``, refused for another model's store (see ``xfam.knnlm``)."""
+    from xfam.knnlm import Datastore, KnnMixer, check_supported, checkpoint_identity
+
+    if args.check:
+        raise ConfigError(
+            "check=true compares the model's cached logits with a recompute; with knnlm_store tokens are drawn "
+            "from kNN-LM's distribution instead. Fix: check=true without knnlm_store."
+        )
+    check_supported(model)
+    identity = checkpoint_identity(args.ckpt, model, meta["config"])
+    store = Datastore.open(args.knnlm_store, index=args.knnlm_index, device=args.device, checkpoint=identity)
+    return KnnMixer(model, store, k=args.knnlm_k, lam=args.knnlm_lambda, temperature=args.knnlm_temperature)
 
 
 def report_depth(model: torch.nn.Module, tokens: torch.Tensor, logits: torch.Tensor, depth: torch.Tensor) -> None:

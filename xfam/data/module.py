@@ -4,6 +4,9 @@ Lightning's automatic distributed sampler is turned off (``use_distributed_sampl
 xfam shards rows itself so that the training position inside an epoch can be checkpointed and
 restored exactly (see ``xfam.data.sampler``). Each DataLoader has its own torch.Generator, so
 creating an iterator never draws from the global RNG that dropout uses.
+
+With ``streams`` (the memory slot) validation and test use the stream layout too, so memory is
+carried through evaluation; the last ``rows mod (B * ranks)`` rows of a split are then left out.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from xfam.data.base import DataSource, Split
 from xfam.data.sampler import ResumableBatchSampler
+from xfam.errors import ConfigError
 
 
 def _dist() -> tuple[int, int]:
@@ -58,8 +62,6 @@ class XfamDataModule(L.LightningDataModule):
             streams=self.streams,
         )
         if len(self.train_sampler) == 0:
-            from xfam.errors import ConfigError
-
             raise ConfigError(
                 f"data={self.source.registry_name}: the train split has {len(rows)} rows, fewer than one batch of "
                 f"{self.source.batch_size} x {world} ranks. Fix: a smaller data.batch_size or more data."
@@ -77,8 +79,17 @@ class XfamDataModule(L.LightningDataModule):
     def _eval_loader(self, split: Split) -> DataLoader:
         rank, world = _dist()
         rows = self.source.split(split)
-        mine = list(range(rank, len(rows), world))  # round-robin shard; every row counted once
         bs = self.source.batch_size
+        if self.streams:  # memory is carried through evaluation too: the same stream layout as training
+            sampler = ResumableBatchSampler(len(rows), bs, rank=rank, world_size=world, shuffle=False, streams=True)
+            if len(sampler) == 0:
+                raise ConfigError(
+                    f"data={self.source.registry_name}: the {split} split has {len(rows)} rows, fewer than one "
+                    f"stream per batch row ({bs} x {world} ranks). Fix: a smaller data.batch_size, or larger "
+                    f"data.val_fraction / data.test_fraction."
+                )
+            return self._loader(rows, sampler)
+        mine = list(range(rank, len(rows), world))  # round-robin shard; every row counted once
         batches = [mine[i : i + bs] for i in range(0, len(mine), bs)]
         return self._loader(rows, batches)
 

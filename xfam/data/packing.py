@@ -10,7 +10,8 @@ every stream token after the first is a target exactly once, and row k+1 continu
 
 Both stages, documents -> ids and ids -> rows, are ``datasets.map`` calls whose cache files are
 named by fingerprints of everything that changes their output (document contents, tokenizer,
-``seq_len``), so a second ``prepare`` only memory-maps them. Tokens are stored in the smallest
+``seq_len``), so a second ``prepare`` only memory-maps them; a cache file that cannot be used is
+rebuilt with a warning (``xfam.data.cache``). Tokens are stored in the smallest
 unsigned dtype (uint16 for the byte tokenizer); torch formatting widens them to int64.
 """
 
@@ -24,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xfam.data.base import DataSource
-from xfam.data.tokenize import build_tokenizer, cache_root, short_hash, token_dtype
+from xfam.data.cache import Check, cached_generate, cached_map, rows_check
+from xfam.data.tokenize import build_tokenizer, short_hash, token_dtype
 from xfam.errors import ConfigError
-from xfam.logs import log
 
 SPLITS = ("train", "validation", "test")
 #: Enters every cache key: bump it when the stored form of ids or rows changes.
@@ -79,18 +80,10 @@ class _Packer:
         return pa.table({"tokens": tokens})
 
 
-def max_id(ds: Any, column: str) -> int:
-    """Largest token id in a list column (-1 when empty), computed by Arrow without Python loops."""
-    values = ds.with_format("arrow")[column].combine_chunks().flatten()
-    return -1 if len(values) == 0 else int(pc.max(values).as_py())
-
-
-def verify_ids(ds: Any, column: str, vocab_size: int, where: str) -> None:
-    if (top := max_id(ds, column)) >= vocab_size:
-        raise ConfigError(
-            f"{where}: token id {top} >= vocab_size {vocab_size}. Fix: the cached data does not match its "
-            f"tokenizer; delete {cache_root()} and prepare again."
-        )
+def non_empty(ds: Any, column: str) -> int:
+    """Rows of ``ds`` whose ``column`` (text or bytes) is neither null nor empty: the documents ``_Encoder`` keeps."""
+    lengths = pc.binary_length(ds.with_format("arrow")[column].combine_chunks())
+    return int(pc.sum(pc.greater(lengths, 0)).as_py() or 0)
 
 
 def get_split(splits: dict[str, Any], name: str, owner: str) -> Any:
@@ -153,10 +146,11 @@ class PackedLM(DataSource):
         self.fingerprint = short_hash(ids_key, self.seq_len)
         self._splits, stats = {}, {}
         for name, ds in docs.items():
-            ids = self._map(ds, _Encoder(tok, column, self.eos_id, dtype), f"ids-{short_hash(ids_key, name)}", 256)
-            verify_ids(ids, "ids", tok.vocab_size, f"data={self.registry_name} split {name}")
-            rows = self._map(ids, _Packer(self.seq_len, dtype), f"rows-{short_hash(self.fingerprint, name)}", 4096)
+            encoder, key = _Encoder(tok, column, self.eos_id, dtype), f"ids-{short_hash(ids_key, name)}"
+            ids = self._map(ds, encoder, key, 256, rows_check(non_empty(ds, column), "ids", tok.vocab_size))
             num_tokens = int(pc.sum(pc.list_value_length(ids.with_format("arrow")["ids"])).as_py() or 0)
+            packer, key = _Packer(self.seq_len, dtype), f"rows-{short_hash(self.fingerprint, name)}"
+            rows = self._map(ids, packer, key, 4096, rows_check(max(0, (num_tokens - 1) // self.seq_len)))
             if len(rows) == 0:
                 raise ConfigError(
                     f"data={self.registry_name}: the {name} split has {num_tokens} tokens, fewer than "
@@ -174,31 +168,9 @@ class PackedLM(DataSource):
             "fingerprint": self.fingerprint,
         }
 
-    def _map(self, ds: Any, fn: Callable[[pa.Table], pa.Table], key: str, batch_size: int) -> Any:
-        """``fn`` over ``ds`` in batches, cached in ``<cache_root>/lm/<key>.arrow``; a cache file that
-        cannot be read (a crash mid-write, a bad copy) is rebuilt with a warning."""
-        path = cache_root() / "lm" / f"{key}.arrow"
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-        def run() -> Any:
-            return ds.with_format("arrow").map(
-                fn,
-                batched=True,
-                batch_size=batch_size,
-                remove_columns=ds.column_names,
-                new_fingerprint=key,
-                cache_file_name=str(path),
-                desc=f"xfam {self.registry_name}: {key.split('-')[0]}",
-            )
-
-        try:
-            return run()
-        except (pa.ArrowException, OSError) as err:
-            if not path.exists():
-                raise
-            log.warning("data cache %s cannot be read (%s: %s); rebuilding it", path, type(err).__name__, err)
-            path.unlink()
-            return run()
+    def _map(self, ds: Any, fn: Callable[[pa.Table], pa.Table], key: str, batch_size: int, check: Check) -> Any:
+        """``fn`` over ``ds`` in batches, cached in ``<cache_root>/lm/<key>.arrow`` (``xfam.data.cache``)."""
+        return cached_map(ds, fn, key, batch_size, check, f"xfam {self.registry_name}: {key.split('-')[0]}")
 
     def split(self, name: str) -> Any:
         return get_split(getattr(self, "_splits", {}), name, self.registry_name)
@@ -231,7 +203,10 @@ def masked_lm_features(seq_len: int, dtype: str) -> Any:
 
 class GeneratedSource(DataSource):
     """Base of synthetic tasks: each split generated from the seed by ``Dataset.from_generator``,
-    cached under a fingerprint of the generator version, its parameters, the seed and the split."""
+    cached under a fingerprint of the generator version, its parameters, the seed and the split.
+
+    A subclass takes ``num_train / num_val / num_test`` (rows per split: a cached split with another
+    count is damaged and is generated again) and calls ``keep_params(locals())`` in ``__init__``."""
 
     id_column = "tokens"
 
@@ -243,22 +218,14 @@ class GeneratedSource(DataSource):
         self.params = {k: v for k, v in args.items() if k not in exclude}
 
     def generate(self, generator: Callable[..., Iterator[dict]], params: dict[str, Any], features: Any) -> None:
-        from datasets import Dataset
-
         if getattr(self, "_splits", None):
             return
         self.fingerprint = short_hash(FORMAT, self.registry_name, params)
         self._splits = {}
         for name in SPLITS:
-            ds = Dataset.from_generator(
-                generator,
-                features=features,
-                gen_kwargs={"params": params, "split": name},
-                split=name,
-                fingerprint=short_hash(self.fingerprint, name),
-            )
-            verify_ids(ds, self.id_column, self.vocab_size, f"data={self.registry_name} split {name}")
-            self._splits[name] = ds.with_format("torch")
+            check = rows_check(params[NUM_KEY[name]], self.id_column, self.vocab_size)
+            kwargs, key = {"params": params, "split": name}, short_hash(self.fingerprint, name)
+            self._splits[name] = cached_generate(generator, kwargs, features, name, key, check).with_format("torch")
 
     def split(self, name: str) -> Any:
         return get_split(getattr(self, "_splits", {}), name, self.registry_name)

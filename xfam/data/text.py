@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from xfam.data.base import DATA
+from xfam.data.cache import cached_generate, rows_check
 from xfam.data.packing import SPLITS, PackedLM, unigram_entropy_bits
 from xfam.data.tokenize import short_hash
 from xfam.errors import ConfigError
@@ -163,7 +164,7 @@ class TextSource(PackedLM):
         return problems + discover(params["paths"], params["extensions"])[1]
 
     def documents(self) -> tuple[dict[str, Any], str, str, dict[str, Any]]:
-        from datasets import Dataset, Features, Value
+        from datasets import Features, Value
 
         found, problems = discover(self.paths, self.extensions)
         if problems:
@@ -186,13 +187,9 @@ class TextSource(PackedLM):
                 "files": tuple(str(p) for _, p in chosen[name]),
                 "sha256": tuple(e["sha256"] for e in split_entries),
             }
-            docs[name] = Dataset.from_generator(
-                _read_documents,
-                features=Features({"path": Value("string"), "text": Value("binary")}),
-                gen_kwargs=kwargs,
-                split=name,
-                fingerprint=short_hash("text-documents", name, kwargs["keys"], kwargs["sha256"]),
-            )
+            features = Features({"path": Value("string"), "text": Value("binary")})
+            key = short_hash("text-documents", name, kwargs["keys"], kwargs["sha256"])
+            docs[name] = cached_generate(_read_documents, kwargs, features, name, key, rows_check(len(split_entries)))
             entries += [{**e, "split": name} for e in split_entries]
         corpus = {
             "source": "text",

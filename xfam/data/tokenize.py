@@ -10,7 +10,8 @@ per token into bits per byte. ``config`` is what enters the data fingerprint.
 * ``BPETokenizer``: a byte-level BPE (the GPT-2 scheme: Radford et al., 2019) trained with the
   ``tokenizers`` package, ``<eos>`` = id 0, the 256 byte symbols always in the vocabulary (no
   unknown token). Trained once per (train corpus fingerprint, vocab size) and cached as JSON
-  under the ``datasets`` cache. Invalid UTF-8 in a document reaches it as U+FFFD.
+  under the ``datasets`` cache (a cached file that cannot be loaded is trained again, with a
+  warning). Invalid UTF-8 in a document reaches it as U+FFFD.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from xfam.logs import log
 
 EOS = "<eos>"
 
@@ -165,7 +168,14 @@ def build_tokenizer(
         return ByteTokenizer()
     path = cache_root() / "tokenizers" / f"bpe-{corpus_fingerprint}-{bpe_vocab_size}.json"
     if path.exists():
-        return BPETokenizer.load(path)
+        try:
+            tok = BPETokenizer.load(path)
+            problem = None if tok.eos_id is not None else f"no {EOS} token"
+        except Exception as err:  # tokenizers raises a bare Exception for a malformed file
+            problem = f"{type(err).__name__}: {err}"
+        if problem is None:
+            return tok
+        log.warning("tokenizer cache %s cannot be read (%s); training it again", path, problem)
     return train_bpe(iter(train_texts), bpe_vocab_size, path)
 
 

@@ -64,7 +64,8 @@ class XfamLitModule(L.LightningModule):
         self.uses_memory = self.model.uses_memory
         tb = data_info.get("token_bytes")
         self.register_buffer("token_bytes", torch.tensor(tb if tb else [], dtype=torch.float32), persistent=False)
-        self._memory: list[Any] | None = None
+        self._memory: list[Any] | None = None  # training memory, carried across batches and checkpoints
+        self._eval_memory: list[Any] | None = None
         self._resume: dict[str, Any] | None = None
         self._sums: dict[str, Tensor] = {}
 
@@ -84,11 +85,10 @@ class XfamLitModule(L.LightningModule):
         return batch_stats(self.task, out.logits, batch, self.token_bytes, out.depth, self.model.num_layers)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        if self.uses_memory and self._memory is None:
-            self._memory = self.model.init_memory(batch["input_ids"].shape[0], self.device)
-        out = self(batch, memory=self._memory if self.uses_memory else None, train=True)
         if self.uses_memory:
-            self._memory = out.memory  # detached by each memory's write()
+            out, self._memory = self._carried(batch, self._memory, train=True)
+        else:
+            out = self(batch, train=True)
         stats = self._stats(out, batch)
         loss = stats["nll"] / stats["count"].clamp_min(1)
         self.log("train/loss", loss, prog_bar=True)
@@ -109,10 +109,38 @@ class XfamLitModule(L.LightningModule):
         self._memory = None  # a new epoch restarts the streams
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._accumulate(self(batch), batch)
+        self._accumulate(self._eval_forward(batch), batch)
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self._accumulate(self(batch), batch)
+        self._accumulate(self._eval_forward(batch), batch)
+
+    def _eval_forward(self, batch: dict[str, Tensor]) -> ModelOutput:
+        """Evaluation carries its own memory through the split's streams (cached evaluation: stored
+        states are reused, never recomputed); the training memory is left untouched."""
+        if not self.uses_memory:
+            return self(batch)
+        out, self._eval_memory = self._carried(batch, self._eval_memory)
+        return out
+
+    def _carried(
+        self, batch: dict[str, Tensor], carry: dict[str, Any] | None, train: bool = False
+    ) -> tuple[ModelOutput, dict[str, Any]]:
+        """One batch of contiguous streams with the memory carried from the previous one.
+
+        ``carry``: the per-layer memory states and, when the data marks documents, each row's next
+        document id, so ids continue across batches and a memory never shows a query another
+        document (the memory is reset at document boundaries)."""
+        if carry is None:
+            carry = {"layers": self.model.init_memory(batch["input_ids"].shape[0], self.device), "docs": None}
+        docs = None
+        if "segments" in batch:
+            first = carry["docs"] if carry["docs"] is not None else torch.zeros_like(batch["segments"][:, 0])
+            segments = batch["segments"] + first[:, None]  # [B, S], continuing the row's stream
+            boundary = batch["input_ids"][:, -1] == self.data_info["eos_id"]  # a boundary closes its document
+            docs = segments[:, -1] + boundary.long()  # [B]
+            batch = {**batch, "segments": segments}
+        out = self(batch, memory=carry["layers"], train=train)
+        return out, {"layers": out.memory, "docs": docs}  # detached by each memory's write()
 
     def _accumulate(self, out: ModelOutput, batch: dict[str, Tensor]) -> None:
         add_stats(self._sums, self._stats(out, batch))
@@ -123,6 +151,7 @@ class XfamLitModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._sums = {}
+        self._eval_memory = None  # each evaluation starts its streams afresh
 
     on_test_epoch_start = on_validation_epoch_start
 

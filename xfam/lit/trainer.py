@@ -16,6 +16,8 @@ from lightning.pytorch import loggers
 from xfam.lit.callbacks import LogProgress, LossCurve, StepProgressBar, Throughput
 from xfam.lit.checkpoint import AtomicCheckpointIO
 from xfam.lit.nonfinite import NonFiniteGuard
+from xfam.lit.preempt import Preemption, cluster_plugins
+from xfam.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
 from xfam.logs import log, quiet_lightning
 from xfam.specs import CallbacksSpec, LoggerSpec
 
@@ -36,10 +38,12 @@ def wandb_mode(spec: LoggerSpec) -> tuple[str, str]:
     return "offline", "no wandb credentials (WANDB_API_KEY or ~/.netrc); sync later with `wandb sync`"
 
 
-def make_loggers(spec: LoggerSpec, run_dir: Path, name: str) -> list[Any]:
-    out: list[Any] = [loggers.CSVLogger(save_dir=str(run_dir), name="logs")]
+def make_loggers(spec: LoggerSpec, run_dir: Path, name: str, resume_step: int = 0) -> list[Any]:
+    """CSV (always) and the chosen logger. ``resume_step``: the step training continues from (0 when it
+    starts from scratch); the CSV and TensorBoard records are continued from there, each step once."""
+    out: list[Any] = [ContinuedCSVLogger(run_dir, resume_step)]
     if spec.name == "tensorboard":
-        out.append(loggers.TensorBoardLogger(save_dir=str(run_dir), name="tensorboard"))
+        out.append(ContinuedTensorBoardLogger(run_dir, resume_step))
     elif spec.name == "wandb":
         mode, why = wandb_mode(spec)
         log.info("wandb: mode %s (%s)", mode, why)
@@ -62,7 +66,8 @@ def make_loggers(spec: LoggerSpec, run_dir: Path, name: str) -> list[Any]:
     return out
 
 
-def make_callbacks(spec: CallbacksSpec, run_dir: Path) -> list[L.Callback]:
+def make_callbacks(spec: CallbacksSpec, run_dir: Path, ckpt_path: str | None = None) -> list[L.Callback]:
+    """Checkpoints (periodic, best, and on a preemption signal), progress, learning rate, loss curve."""
     ckpt_dir = run_dir / "checkpoints"
     periodic = cb.ModelCheckpoint(
         dirpath=ckpt_dir,
@@ -76,6 +81,8 @@ def make_callbacks(spec: CallbacksSpec, run_dir: Path) -> list[L.Callback]:
         enable_version_counter=False,
     )
     out: list[L.Callback] = [periodic, Throughput()]
+    if spec.requeue_signal or spec.stop_signal:
+        out.append(Preemption(periodic, spec.requeue_signal, spec.stop_signal, ckpt_path))
     if spec.save_best:
         out.append(
             cb.ModelCheckpoint(
@@ -101,8 +108,9 @@ def make_callbacks(spec: CallbacksSpec, run_dir: Path) -> list[L.Callback]:
     return out
 
 
-def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = ()) -> L.Trainer:
-    """The Trainer of a validated config writing into ``run_dir`` (plus ``extra`` callbacks)."""
+def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (), resume_step: int = 0) -> L.Trainer:
+    """The Trainer of a validated config writing into ``run_dir`` (plus ``extra`` callbacks), resuming at
+    ``resume_step`` (0: from scratch)."""
     quiet_lightning()
     cbs = CallbacksSpec(**cfg["callbacks"])
     trainer_kw = dict(cfg["trainer"])
@@ -112,8 +120,8 @@ def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (
     return L.Trainer(
         **trainer_kw,
         default_root_dir=str(run_dir),
-        logger=make_loggers(LoggerSpec(**cfg["logger"]), run_dir, cfg["name"]),
-        callbacks=[*make_callbacks(cbs, run_dir), guard, *extra],
-        plugins=[AtomicCheckpointIO()],
+        logger=make_loggers(LoggerSpec(**cfg["logger"]), run_dir, cfg["name"], resume_step),
+        callbacks=[*make_callbacks(cbs, run_dir, cfg.get("ckpt_path")), guard, *extra],
+        plugins=[AtomicCheckpointIO(), *cluster_plugins()],  # signals: xfam.lit.preempt
         use_distributed_sampler=False,
     )

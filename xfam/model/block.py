@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.attention.base import AttentionMechanism, DecodeState
+from xfam.attention.base import AttentionMechanism, DecodeState, expand_kv
 from xfam.attention.mask import AttnMask
+from xfam.memory.base import LayerView
 from xfam.model.layers import FeedForward, make_norm
 from xfam.model.spec import ModelSpec
 from xfam.pos.base import PositionalEncoding, ScoreBias
+
+#: A memory's hook into its layer's attention: ``(q [B, H, S, Dh], out [B, H, S, Dh]) -> out``.
+Augment = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclasses.dataclass
@@ -53,16 +58,20 @@ class SelfAttention(nn.Module):
         return x.view(b, s, n, self.head_dim).transpose(1, 2)  # [B, S, n*Dh] -> [B, n, S, Dh]
 
     def forward(
-        self, x: Tensor, ctx: LayerContext, mem: Tensor | None = None, state: DecodeState | None = None
+        self,
+        x: Tensor,
+        ctx: LayerContext,
+        mem: Tensor | None = None,
+        state: DecodeState | None = None,
+        augment: Augment | None = None,
     ) -> tuple[Tensor, DecodeState | None]:
         b, s, _ = x.shape
         q, k, v = self.qkv(x).split((self.q_width, self.kv_width, self.kv_width), dim=-1)
         if mem is not None:
-            w = self.qkv.weight[self.q_width :]  # key/value rows only: no queries for memory
-            bias = None if self.qkv.bias is None else self.qkv.bias[self.q_width :]
-            mk, mv = F.linear(mem, w, bias).split((self.kv_width, self.kv_width), dim=-1)
+            mk, mv = self._kv_rows(mem, self.qkv.weight, self.qkv.bias)  # no queries for memory
             k, v = torch.cat((mk, k), dim=1), torch.cat((mv, v), dim=1)  # [B, M + S, Hkv*Dh]
         q, k, v = self._heads(q, self.heads), self._heads(k, self.kv_heads), self._heads(v, self.kv_heads)
+        q_plain = q  # before any rotation: what a retrieval memory compares (positions do not apply)
         if ctx.rotary is not None:
             q = ctx.pos.rotate(q, tuple(t[-s:] for t in ctx.rotary))  # tables [Sk_now, ...]: the last S rows
             k = ctx.pos.rotate(k, ctx.rotary, key=True)
@@ -71,8 +80,40 @@ class SelfAttention(nn.Module):
             o, state = self.mechanism.decode(q, k, v, state, ctx.mask, ctx.bias, modifier)
         else:
             o = self.mechanism(q, k, v, ctx.mask, ctx.bias, modifier)  # [B, H, S, Dh]
+        if augment is not None:  # a memory that takes part in attention (e.g. kNN retrieval)
+            o = augment(q_plain, o)
         o = o.transpose(1, 2).reshape(b, s, self.q_width)  # [B, H, S, Dh] -> [B, S, H*Dh]
         return self.out(o), state
+
+    # -- for memories (LayerView): the layer's projections with detached weights, no positions ------
+    def _kv_rows(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+        w = weight[self.q_width :]  # key/value rows only
+        return F.linear(x, w, None if bias is None else bias[self.q_width :]).split((self.kv_width,) * 2, dim=-1)
+
+    def frozen_keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, N, D] -> 2 x [B, Hkv, N, Dh]``; weights detached."""
+        bias = None if self.qkv.bias is None else self.qkv.bias.detach()
+        k, v = self._kv_rows(x, self.qkv.weight.detach(), bias)
+        return self._heads(k, self.kv_heads), self._heads(v, self.kv_heads)
+
+    def frozen_queries(self, x: Tensor) -> Tensor:
+        """``[B, N, D] -> [B, H, N, Dh]``; weights detached."""
+        bias = None if self.qkv.bias is None else self.qkv.bias.detach()[: self.q_width]
+        return self._heads(F.linear(x, self.qkv.weight.detach()[: self.q_width], bias), self.heads)
+
+    def frozen_weights(self, h: Tensor, states: Tensor) -> Tensor:
+        """Content attention probabilities of ``h [B, S, D]`` over ``states [B, M, D]``: ``[B, H, S, M]``."""
+        q, k = self.frozen_queries(h), expand_kv(self.frozen_keys_values(states)[0], self.heads)  # [B, H, *, Dh]
+        return torch.softmax(q @ k.transpose(-1, -2) * self.head_dim**-0.5, dim=-1)
+
+    def frozen_attend(self, h: Tensor, states: Tensor) -> Tensor:
+        """Content attention of ``h [B, S, D]`` over ``states [B, M, D]`` -> ``[B, S, H*Dh]``; weights
+        detached (the Compressive Transformer's attention-reconstruction target and estimate)."""
+        q = self.frozen_queries(h)
+        k, v = self.frozen_keys_values(states)
+        k, v = expand_kv(k, self.heads), expand_kv(v, self.heads)  # [B, H, M, Dh]
+        o = F.scaled_dot_product_attention(q, k, v)  # [B, H, S, Dh]
+        return o.transpose(1, 2).reshape(h.shape[0], h.shape[1], self.q_width)
 
 
 class Block(nn.Module):
@@ -87,15 +128,34 @@ class Block(nn.Module):
         self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
 
     def forward(
-        self, x: Tensor, ctx: LayerContext, mem: Tensor | None = None, state: DecodeState | None = None
+        self,
+        x: Tensor,
+        ctx: LayerContext,
+        mem: Tensor | None = None,
+        state: DecodeState | None = None,
+        augment: Augment | None = None,
     ) -> tuple[Tensor, DecodeState | None]:
         if self.pre:
             h = self.norm1(x)
-            a, state = self.attn(h, ctx, None if mem is None else self.norm1(mem), state)
+            a, state = self.attn(h, ctx, None if mem is None else self.norm1(mem), state, augment)
             x = x + self.drop(a)
             x = x + self.drop(self.ffn(self.norm2(x)))
         else:
-            a, state = self.attn(x, ctx, mem, state)
+            a, state = self.attn(x, ctx, mem, state, augment)
             x = self.norm1(x + self.drop(a))
             x = self.norm2(x + self.drop(self.ffn(x)))
         return x, state
+
+    def view(self, segments: Tensor | None) -> LayerView:
+        """What a memory of this layer may use (``xfam.memory.base.LayerView``): the attention's
+        projections after the input norm (pre-norm), with detached weights."""
+        norm = self.norm1 if self.pre else nn.Identity()
+        weights = {n: p.detach() for n, p in norm.named_parameters()}
+        frozen = lambda x: torch.func.functional_call(norm, weights, (x,))  # the input norm, weights detached
+        return LayerView(
+            keys_values=lambda x: self.attn.frozen_keys_values(frozen(x)),
+            queries=lambda x: self.attn.frozen_queries(frozen(x)),
+            attend=lambda h, m: self.attn.frozen_attend(frozen(h), frozen(m)),
+            weights=lambda h, m: self.attn.frozen_weights(frozen(h), frozen(m)),
+            segments=segments,
+        )

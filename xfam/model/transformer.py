@@ -146,6 +146,7 @@ class XfamModel(nn.Module):
             x, key_padding, segments = self._prepend_aux(x, key_padding, segments)
             s = x.shape[1]  # G + S
         mems = [m.read(st) for m, st in zip(self.memories, memory, strict=True)] if memory is not None else None
+        mem_docs = [m.read_segments(st) for m, st in zip(self.memories, memory, strict=True)] if mems else None
         new_mem = list(memory) if memory is not None else None
         states = list(cache.layers) if cache is not None else None
         contexts: dict[int, LayerContext] = {}
@@ -157,38 +158,47 @@ class XfamModel(nn.Module):
             past = cache.key_padding if cache.key_padding is not None else ones(offset)
             cache_pad = torch.cat((past, key_padding if key_padding is not None else ones(s)), dim=1)  # [B, T + S]
 
-        def context(front: int) -> LayerContext:
-            # Keys = [front (memory or cache) | segment]; one context per distinct front length.
-            if front not in contexts:
+        def context(front: int, front_docs: Tensor | None = None) -> LayerContext:
+            # Keys = [front (memory or cache) | segment]; one context per distinct front length (and per
+            # layer when documents are marked: each memory keeps its own entries' document ids).
+            key = front if front_docs is None else (front, id(front_docs))
+            if key not in contexts:
                 if cache is not None:
                     pad = cache_pad
                 elif key_padding is not None and front:
                     pad = torch.cat((key_padding.new_ones(b, front), key_padding), dim=1)  # [B, M + S]
                 else:
                     pad = key_padding
-                mask = AttnMask(q_len=s, k_len=front + s, causal=self.causal, key_padding=pad, segments=segments)
+                docs = segments
+                if segments is not None and front and cache is None:  # memory of another document is never seen
+                    front_docs = segments.new_full((b, front), -1) if front_docs is None else front_docs
+                    docs = torch.cat((front_docs.to(segments), segments), dim=1)  # [B, M + S]
+                mask = AttnMask(q_len=s, k_len=front + s, causal=self.causal, key_padding=pad, segments=docs)
                 key_pos = torch.arange(front + s, device=tokens.device)[-s if cache is not None else 0 :]
-                contexts[front] = LayerContext(
+                contexts[key] = LayerContext(
                     mask=mask,
                     pos=self.pos,
                     bias=self.pos.score_bias(),
                     rotary=self.pos.rotary_tables(key_pos, x.dtype),
                     decoding=cache is not None,
                 )
-            return contexts[front]
+            return contexts[key]
 
         def run_layer(step: int, h: Tensor) -> Tensor:
             mem = mems[step] if mems is not None else None
             front = offset if cache is not None else (0 if mem is None else mem.shape[1])
-            out, st = self.blocks[step % len(self.blocks)](
-                h, context(front), mem, states[step] if states is not None else None
-            )
+            block, memory_l = self.blocks[step % len(self.blocks)], self.memories[step]
+            augment = None
+            if memory is not None and memory_l.augments_attention:
+                augment = lambda q, o: memory_l.augment(memory[step], q, o, segments)  # noqa: E731
+            ctx = context(front, mem_docs[step] if mem_docs and segments is not None and front else None)
+            out, st = block(h, ctx, mem, states[step] if states is not None else None, augment)
             if states is not None:
                 states[step] = st
-            for k, val in self.blocks[step % len(self.blocks)].attn.mechanism.aux_losses().items():
+            for k, val in block.attn.mechanism.aux_losses().items():
                 aux[f"attention/{k}"] = aux.get(f"attention/{k}", 0.0) + val
             if new_mem is not None:
-                new_mem[step], losses = self.memories[step].write(memory[step], h)
+                new_mem[step], losses = memory_l.write(memory[step], h, block.view(segments))
                 for k, val in losses.items():
                     aux[f"memory/{k}"] = aux.get(f"memory/{k}", 0.0) + val
             return out

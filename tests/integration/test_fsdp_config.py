@@ -1,0 +1,77 @@
+"""trainer=fsdp: the config composes, validates and becomes Lightning's fsdp strategy; a machine without
+a GPU refuses it in one clear message before anything is written (Lightning refuses FSDP without a
+GPU, so composition and that refusal are what a CPU machine can test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning
+import pytest
+import torch
+
+from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
+from xfam.cli.hydra_app import precheck
+from xfam.config import check_machine, validate
+from xfam.errors import ConfigError
+from xfam.lit.checkpoint import AtomicCheckpointIO
+
+REFUSAL = "trainer=fsdp needs GPUs; on CPU use trainer=ddp_cpu"
+
+
+@pytest.fixture
+def gpus(monkeypatch: pytest.MonkeyPatch):
+    """Pretend this machine has CUDA GPUs (``True``) or none (``False``)."""
+
+    def pretend(available: bool) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+    return pretend
+
+
+def test_fsdp_composes_and_validates() -> None:
+    cfg = compose_cfg(["trainer=fsdp"])
+    validate(cfg)  # the config alone: valid wherever it is composed
+    trainer = cfg["trainer"]
+    assert (trainer["strategy"], trainer["accelerator"], trainer["devices"]) == ("fsdp", "gpu", "auto")
+    assert trainer["precision"] == "bf16-mixed"
+    assert "fsdp" in lightning.pytorch.strategies.StrategyRegistry  # a strategy name Lightning knows
+
+
+def test_fsdp_trainer_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from xfam.lit import trainer as xfam_trainer
+
+    seen: dict = {}
+    monkeypatch.setattr(xfam_trainer.L, "Trainer", lambda **kw: seen.update(kw))  # Lightning itself needs a GPU
+    xfam_trainer.make_trainer(compose_cfg(["trainer=fsdp"]), tmp_path)
+    assert seen["strategy"] == "fsdp" and seen["accelerator"] == "gpu" and seen["precision"] == "bf16-mixed"
+    assert "nonfinite" not in seen  # xfam's own key is not passed on
+    assert any(isinstance(p, AtomicCheckpointIO) for p in seen["plugins"])
+
+
+def test_the_machine_check(gpus) -> None:
+    cfg = compose_cfg(["trainer=fsdp"])
+    gpus(True)
+    check_machine(cfg)
+    precheck(["trainer=fsdp"])
+    gpus(False)
+    with pytest.raises(ConfigError) as err:
+        check_machine(cfg)
+    assert len(err.value.problems) == 1 and REFUSAL in str(err.value)
+    with pytest.raises(ConfigError, match="trainer=fsdp needs GPUs"):
+        precheck(["trainer=fsdp"])
+    with pytest.raises(ConfigError, match="trainer.accelerator='gpu' .* needs a GPU.*Fix: on CPU use trainer=cpu"):
+        precheck(["trainer=gpu"])
+    check_machine(compose_cfg(["trainer=ddp_cpu"]))
+    precheck(["-m", "hydra/launcher=slurm", "trainer=fsdp"])  # the jobs run on the cluster's GPU nodes
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine could run trainer=fsdp")
+def test_fsdp_on_this_cpu_is_one_clear_error_and_writes_nothing(corpus: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "fsdp"
+    res = run_cli(["train.py", "trainer=fsdp", *TINY, *text_data(corpus), f"hydra.run.dir={run_dir}"])
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.count("xfam: error:") == 1 and REFUSAL in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    assert not (tmp_path / "runs").exists()  # not even the run directory
