@@ -137,6 +137,9 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
             if "train/tokens_per_s_median" in done
             else None,
         }
+        # ddp_spawn trains in other processes: this Trainer's loop never counted the steps, and the
+        # evaluation below would log its rows at step 0 (spawned ranks get a copy of this Trainer).
+        trainer.fit_loop.epoch_loop._batches_that_stepped = result["step"]
         if "val/loss" not in result:  # e.g. resumed at max_steps: nothing trained, still report
             trainer.validate(module, datamodule=datamodule, verbose=False)
             result.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})

@@ -72,6 +72,10 @@ def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run: Path, corpu
     b = torch.load(one / "checkpoints" / "last.ckpt", weights_only=False)
     for name, p in b["state_dict"].items():
         assert torch.allclose(a["state_dict"][name], p, rtol=1e-3, atol=1e-5), name
+    # the test split is evaluated in fresh spawned processes: its row still carries the trained step
+    for run_dir in (ddp_run, one):
+        with open(run_dir / "logs" / "version_0" / "metrics.csv") as fh:
+            assert [r["step"] for r in csv.DictReader(fh) if r.get("test/loss")] == ["9"], run_dir
     # only rank 0 writes: the run directory holds what a one-process run's holds, nothing per rank
     assert sorted(p.relative_to(ddp_run) for p in ddp_run.rglob("*")) == sorted(
         p.relative_to(one) for p in one.rglob("*")
