@@ -30,3 +30,13 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Every test starts with one torch thread and leaves it so: a script run in-process that sets its
+    own thread count (a benchmark's --threads) would otherwise change later tests' float sums, and
+    with them every exactness check against a subprocess (which runs on one thread)."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)

@@ -148,6 +148,7 @@ def test_sweep_script_writes_the_table_and_the_plot(
     spec.loader.exec_module(sweep)
     results, png = tmp_path / "results.md", tmp_path / "knnlm.png"
     argv = ["knnlm_sweep.py", "--ckpt", str(ckpt), "--store", str(out), "--store-limit", "20", "--limit", "2"]
+    argv += ["--threads", "1"]  # in-process: keep the test session's single thread
     argv += ["--ks", "8", "64", "--lambdas", "0", "0.5", "1", "--results", str(results), "--png", str(png)]
     monkeypatch.setattr(sys, "argv", argv)
     sweep.main()
