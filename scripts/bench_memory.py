@@ -411,7 +411,8 @@ def _png(m: dict[str, Any], pts: list[dict[str, Any]], path: Path) -> None:
             ax.plot(xs, [p[key] for p in rows], ls=ls, color=color, marker="o", label=f"{label} (pos={pos})")
         bx.plot(xs, [p["speedup_1"] for p in rows], ls=ls, color="C3", marker="o", label=f"vs 1/forward (pos={pos})")
         bx.plot(xs, [p["speedup_b"] for p in rows], ls=ls, color="C1", marker="o", label=f"vs batched (pos={pos})")
-        bx.plot(xs, [p["flop_ratio"] for p in rows], ls=ls, color="0.6", label=f"FLOP ratio (pos={pos})")
+        if j == 0:  # the same for every pos
+            bx.plot(xs, [p["flop_ratio"] for p in rows], color="0.6", label="FLOP ratio")
     for a, title, ylabel in (
         (ax, "evaluation time per token", "ms / token (median)"),
         (bx, "speed-up of XL cached evaluation", "sliding / XL"),
