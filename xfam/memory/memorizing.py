@@ -17,7 +17,7 @@ The store is a FIFO of ``store_size`` pairs per batch row (each row a stream of 
 exactly: chunked in torch, or with faiss (``index=faiss``, an optional extra). With document ids
 (``data.doc_mask=true``) a query retrieves only pairs of its own document: the store is cleared at
 document boundaries. Put it at one depth with the per-layer schedule, e.g.
-``memory=xl memory.per_layer='{"-2": {name: memorizing}}'``.
+``memory=xl '+memory.per_layer={-2: {name: memorizing}}'``.
 Shapes: store keys/values ``[B, Hkv, N, Dh]``, queries ``[B, H, S, Dh]``.
 """
 
