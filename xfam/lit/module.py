@@ -64,8 +64,10 @@ class XfamLitModule(L.LightningModule):
         self.uses_memory = self.model.uses_memory
         tb = data_info.get("token_bytes")
         self.register_buffer("token_bytes", torch.tensor(tb if tb else [], dtype=torch.float32), persistent=False)
-        self._memory: list[Any] | None = None  # training memory, carried across batches and checkpoints
-        self._eval_memory: list[Any] | None = None
+        # Memory carried across batches ({"layers": per-layer states, "docs": next document ids}, see
+        # _carried): the training one is saved in checkpoints; evaluation keeps its own.
+        self._memory: dict[str, Any] | None = None
+        self._eval_memory: dict[str, Any] | None = None
         self._resume: dict[str, Any] | None = None
         self._sums: dict[str, Tensor] = {}
 
