@@ -18,18 +18,13 @@ from xfam.errors import ConfigError
 
 def check_supported(model: nn.Module) -> None:
     """Refuse, with the reason and the fix, a model whose final-layer FFN input is not a per-token key
-    of the prediction: a classifier, a model with segment memory, or an exit policy that does not run
-    every layer once for every token (early exit, weight-shared recurrence)."""
+    of the prediction: a classifier, or an exit policy that does not run every layer once for every
+    token (early exit, weight-shared recurrence). A model with memory is fine: the loops carry it."""
     problems = []
     if getattr(model, "task", None) != "lm":
         problems.append(
             "kNN-LM interpolates next-token distributions; this checkpoint is a classifier. "
             "Fix: use a language-model checkpoint."
-        )
-    if getattr(model, "uses_memory", False):
-        problems.append(
-            "kNN-LM keys are computed segment by segment without carrying memory state, which a model trained "
-            "with segment memory needs to predict as it was trained. Fix: use a model trained with memory=none."
         )
     policy = getattr(model, "exit", None)
     if policy is not None and not policy.full_stack:

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from rich.progress import Progress
 from torch import Tensor
 
 from xfam.errors import ConfigError
@@ -46,18 +45,12 @@ def batches(
     model: torch.nn.Module, meta: dict[str, Any], split: str, batch_size: int | None, limit: int | None, device: str
 ) -> Iterator[tuple[dict[str, Tensor], Tensor, Tensor]]:
     """``(batch, logits [B, S, V], keys [B, S, D])`` over the first ``limit`` batches of ``split``, with a
-    progress bar."""
-    from xfam.cli.evaluate import split_loader
+    progress bar; a model with memory carries it from batch to batch, as in its training."""
+    from xfam.cli.evaluate import split_outputs
 
-    loader, size = split_loader(meta["config"], meta["data_info"], split, batch_size)
-    total = min(len(loader), limit) if limit else len(loader)
-    with torch.no_grad(), KeyCapture(model) as capture, Progress(transient=True) as bar:
-        task = bar.add_task(f"kNN-LM {split} (batches of {size})", total=total)
-        for batch in itertools.islice(loader, total):
-            batch = {k: v.to(device) for k, v in batch.items()}
-            out = model(batch["input_ids"], key_padding=batch.get("key_padding"), segments=batch.get("segments"))
+    with torch.no_grad(), KeyCapture(model) as capture:
+        for batch, out in split_outputs(model, meta, split, batch_size, limit, device, "kNN-LM"):
             yield batch, out.logits, capture.take()
-            bar.advance(task)
 
 
 def build_datastore(
@@ -127,8 +120,10 @@ class KnnScorer:
         if not torch.equal(self.store.values.to(y.device)[rows[inside]], y[inside]):
             raise ConfigError(
                 f"the {self.store.manifest['split']} split's tokens are not in the order of the datastore "
-                f"{self.store.path} (the data changed since it was built?), so a token's own entry cannot be "
-                f"excluded. Fix: rebuild the datastore (xfam knnlm build), or evaluate on another split."
+                f"{self.store.path} (the data changed since it was built, or a model with memory read its "
+                f"contiguous streams in batches of another size?), so a token's own entry cannot be "
+                f"excluded. Fix: rebuild the datastore (xfam knnlm build) with the batch size used here, "
+                f"or evaluate on another split."
             )
         return torch.where(inside, rows, -1)
 

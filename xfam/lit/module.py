@@ -26,6 +26,7 @@ from xfam.exit.inference import compares_full_depth, full_depth_stats, summarize
 from xfam.lit.checkpoint import metadata
 from xfam.lit.optim import make_optimizer
 from xfam.logs import log_once, quiet_lightning
+from xfam.memory.carry import Carry, carried_inputs, next_carry
 from xfam.metrics import add_stats, batch_stats, summarize
 from xfam.model.transformer import ModelOutput
 from xfam.specs import OptimSpec
@@ -66,8 +67,8 @@ class XfamLitModule(L.LightningModule):
         self.register_buffer("token_bytes", torch.tensor(tb if tb else [], dtype=torch.float32), persistent=False)
         # Memory carried across batches ({"layers": per-layer states, "docs": next document ids}, see
         # _carried): the training one is saved in checkpoints; evaluation keeps its own.
-        self._memory: dict[str, Any] | None = None
-        self._eval_memory: dict[str, Any] | None = None
+        self._memory: Carry | None = None
+        self._eval_memory: Carry | None = None
         self._resume: dict[str, Any] | None = None
         self._sums: dict[str, Tensor] = {}
 
@@ -124,25 +125,12 @@ class XfamLitModule(L.LightningModule):
         out, self._eval_memory = self._carried(batch, self._eval_memory)
         return out
 
-    def _carried(
-        self, batch: dict[str, Tensor], carry: dict[str, Any] | None, train: bool = False
-    ) -> tuple[ModelOutput, dict[str, Any]]:
-        """One batch of contiguous streams with the memory carried from the previous one.
-
-        ``carry``: the per-layer memory states and, when the data marks documents, each row's next
-        document id, so ids continue across batches and a memory never shows a query another
-        document (the memory is reset at document boundaries)."""
-        if carry is None:
-            carry = {"layers": self.model.init_memory(batch["input_ids"].shape[0], self.device), "docs": None}
-        docs = None
-        if "segments" in batch:
-            first = carry["docs"] if carry["docs"] is not None else torch.zeros_like(batch["segments"][:, 0])
-            segments = batch["segments"] + first[:, None]  # [B, S], continuing the row's stream
-            boundary = batch["input_ids"][:, -1] == self.data_info["eos_id"]  # a boundary closes its document
-            docs = segments[:, -1] + boundary.long()  # [B]
-            batch = {**batch, "segments": segments}
-        out = self(batch, memory=carry["layers"], train=train)
-        return out, {"layers": out.memory, "docs": docs}  # detached by each memory's write()
+    def _carried(self, batch: dict[str, Tensor], carry: Carry | None, train: bool = False) -> tuple[ModelOutput, Carry]:
+        """One batch of contiguous streams with the memory carried from the previous one
+        (``xfam.memory.carry``: per-layer states and each row's next document id)."""
+        batch, layers, docs = carried_inputs(self.model, batch, carry, self.data_info.get("eos_id"))
+        out = self(batch, memory=layers, train=train)
+        return out, next_carry(out.memory, docs)
 
     def _accumulate(self, out: ModelOutput, batch: dict[str, Tensor]) -> None:
         add_stats(self._sums, self._stats(out, batch))

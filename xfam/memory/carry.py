@@ -1,0 +1,42 @@
+"""Memory carried from one batch of contiguous streams to the next (training, validation and test in
+the Lightning module, ``xfam eval``, kNN-LM's datastore and scoring loops).
+
+Row r of every batch continues stream r of the previous batch (``loader.streams``), so the model gets
+the memory the previous batch wrote. When the data marks documents, each row's document ids are
+shifted to continue the stream's numbering, so a memory never shows a query another document's
+entries (the memory is reset at document boundaries, to the token).
+
+A carry is ``{"layers": per-layer memory states, "docs": [B] each row's next document id, or None}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Carry = dict[str, Any]
+
+
+def carried_inputs(
+    model: torch.nn.Module, batch: dict[str, Tensor], carry: Carry | None, eos_id: int | None
+) -> tuple[dict[str, Tensor], list[Any], Tensor | None]:
+    """``(batch with continued document ids, the layers' memory to pass, each row's next document id)``.
+
+    ``carry``: the previous batch's (None at the start of the streams: empty memory)."""
+    if carry is None:
+        carry = {"layers": model.init_memory(batch["input_ids"].shape[0], batch["input_ids"].device), "docs": None}
+    docs = None
+    if "segments" in batch:
+        first = carry["docs"] if carry["docs"] is not None else torch.zeros_like(batch["segments"][:, 0])
+        segments = batch["segments"] + first[:, None]  # [B, S], continuing the row's stream
+        boundary = batch["input_ids"][:, -1] == eos_id  # a boundary closes its document
+        docs = segments[:, -1] + boundary.long()  # [B]
+        batch = {**batch, "segments": segments}
+    return batch, carry["layers"], docs
+
+
+def next_carry(memory: list[Any], docs: Tensor | None) -> Carry:
+    """The carry after a forward pass that returned ``memory`` (detached by each memory's ``write``)."""
+    return {"layers": memory, "docs": docs}
