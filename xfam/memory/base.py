@@ -68,11 +68,15 @@ class Memory(nn.Module, Component):
             their meaning in the next segment (absolute input encodings are refused).
         augments_attention: the memory takes part in its layer's attention (``augment``), rather
             than only prepending states.
+        mixes_output: (per instance) the memory mixes into the final hidden state (``retrieve``/``mix``).
     """
 
     needs_streams: ClassVar[bool] = True
     needs_relative_pos: ClassVar[bool] = True
     augments_attention: ClassVar[bool] = False
+    #: The final layer's memory mixes retrieved tokens into the head's input (SPALM): the model calls
+    #: ``retrieve(tokens, key_padding, segments)`` once per forward and ``mix(h, retrieved, W)`` in the head.
+    mixes_output: bool = False
 
     def init_state(self, batch_size: int, device: torch.device) -> MemoryState:
         return None

@@ -88,6 +88,8 @@ class XfamModel(nn.Module):
             MEMORY.build(cfg, **struct, layer=i) for i, cfg in enumerate(per_layer(memory, spec.layers, "memory"))
         )
         self.uses_memory = any(m.registry_name != "none" for m in self.memories)
+        if self.output_memory is not None:
+            self.output_memory.check_vocab(vocab_size)
         # Auxiliary global tokens (ETC): learned inputs in front of every input, with their own states in
         # every block, dropped before the head; layers whose mechanism asks for none see ordinary tokens.
         self.aux_tokens = aux_token_count(self.blocks, self.uses_memory)
@@ -109,6 +111,11 @@ class XfamModel(nn.Module):
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=std)
+
+    @property
+    def output_memory(self) -> Any:
+        """The last layer's memory when it mixes into the head's input (SPALM), else None."""
+        return self.memories[-1] if self.memories[-1].mixes_output else None
 
     # -- state -----------------------------------------------------------------------------------
     def init_memory(self, batch_size: int, device: torch.device) -> list[MemoryState]:
@@ -139,6 +146,9 @@ class XfamModel(nn.Module):
         """
         b, s = tokens.shape
         offset = cache.length if cache is not None else 0
+        retrieved = None  # SPALM's neighbours of every position, mixed into the head's input
+        if self.output_memory is not None and cache is None:  # (generation refuses models with memory)
+            retrieved = self.output_memory.retrieve(tokens, key_padding, segments)
         positions = torch.arange(offset, offset + s, device=tokens.device)  # [S]
         x = self.drop(self.pos.embed(self.embed(tokens), positions))  # [B, S, D]
         input_padding = key_padding
@@ -209,10 +219,10 @@ class XfamModel(nn.Module):
             res = ExitOutput(hidden=hidden)
         else:
             pos_all = torch.arange(offset, offset + s, device=tokens.device)  # [S] (with any global tokens)
-            head = lambda h, proj=None: self.head_logits(h, input_padding, proj)  # [B, G + S, D] -> logits
+            head = lambda h, proj=None: self.head_logits(h, input_padding, proj, retrieved)  # [B, G + S, D] -> logits
             res = self.exit(x, run_layer, self.num_layers, head, pos_all, key_padding, cache is not None, targets)
         aux.update({f"exit/{k}": val for k, val in res.aux.items()})
-        logits = res.logits if res.logits is not None else self.head_logits(res.hidden, input_padding)
+        logits = res.logits if res.logits is not None else self.head_logits(res.hidden, input_padding, None, retrieved)
         new_cache = DecodeCache(offset + s, states, cache_pad) if states is not None else None
         depth = None if res.depth is None else res.depth[:, self.aux_tokens :]
         return ModelOutput(logits=logits, aux=aux, memory=new_mem, cache=new_cache, depth=depth)
@@ -230,11 +240,20 @@ class XfamModel(nn.Module):
             segments = torch.cat((segments.new_full((b, n), -1), segments), dim=1)  # [B, G + S]
         return x, key_padding, segments
 
-    def head_logits(self, hidden: Tensor, key_padding: Tensor | None = None, proj: nn.Module | None = None) -> Tensor:
+    def head_logits(
+        self,
+        hidden: Tensor,
+        key_padding: Tensor | None = None,
+        proj: nn.Module | None = None,
+        retrieved: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """Final norm and head: ``[B, S, D] -> [B, S, V]`` (lm) or pooled ``[B, C]`` (classify).
         Auxiliary global tokens in front of ``hidden`` never reach the head. ``proj`` replaces the
-        output layer (an exit policy's per-layer classifier)."""
+        output layer (an exit policy's per-layer classifier). ``retrieved``: SPALM's neighbours, mixed
+        into the head's input with the output word embeddings."""
         h = self.norm(hidden[:, self.aux_tokens :])
+        if retrieved is not None and proj is None:
+            h = self.output_memory.mix(h, retrieved, self.head.weight)  # [B, S, D]
         out = proj if proj is not None else self.head
         if self.task == "lm":
             return out(h)
