@@ -22,7 +22,8 @@ class Selection:
     """The classes and parameters chosen for each slot, plus the context they run in.
 
     ``attention`` lists ``(class, params, per_head)`` for every distinct layer/group configuration;
-    ``memory`` lists ``(class, params)`` per layer.
+    ``memory`` lists ``(class, params)`` per layer. ``num_mem_kv`` / ``num_memory_tokens``: the model
+    options of the same names; ``documents``: the data marks documents in packed rows (``doc_mask``).
     """
 
     attention: list[tuple[type[AttentionMechanism], dict[str, Any], bool]]
@@ -33,6 +34,9 @@ class Selection:
     task: str = "lm"
     streams: bool = False
     reversible: bool = False
+    num_mem_kv: int = 0
+    num_memory_tokens: int = 0
+    documents: bool = False
 
     @property
     def has_memory(self) -> bool:
@@ -114,6 +118,39 @@ def _reversible_reasons(sel: Selection) -> list[str]:
     return out
 
 
+def _model_option_reasons(sel: Selection) -> list[str]:
+    """Persistent memory (``model.num_mem_kv``) and memory tokens (``model.num_memory_tokens``) against
+    the slots that cannot take them."""
+    out = []
+    if n := sel.num_mem_kv:
+        bad = sorted({att.registry_name for att, _, _ in sel.attention if not att.accepts_persistent_kv})
+        if bad:
+            alt = _alternatives("attention", lambda c: c.accepts_persistent_kv)
+            out.append(
+                f"model.num_mem_kv={n} (persistent memory: learned keys/values without position in front of every "
+                f"query's keys) needs an attention that takes always-visible keys in front, and attention="
+                f"{', '.join(bad)} does not. Supported: {alt}. Fix: model.num_mem_kv=0, or one of those attentions."
+            )
+    if n := sel.num_memory_tokens:
+        exit_cls = sel.exit[0]
+        if exit_cls.early_exit:
+            alt = _alternatives("exit", lambda c: not c.early_exit)
+            out.append(
+                f"model.num_memory_tokens={n} adds tokens in front of the input, which exit={exit_cls.registry_name}'s "
+                f"per-token exit decisions cannot tell apart from the input's tokens. "
+                f"Fix: model.num_memory_tokens=0, or {alt}."
+            )
+        bad = sorted({att.registry_name for att, _, _ in sel.attention if not att.shared_keys})
+        if sel.documents and bad:
+            alt = _alternatives("attention", lambda c: c.shared_keys and _attention_vs_model(c, sel.causal) is None)
+            out.append(
+                f"model.num_memory_tokens={n} with packed documents (data.doc_mask=true): every document sees the "
+                f"memory tokens, which attention={', '.join(bad)} cannot express (it treats a document as a run of "
+                f"equal ids). Fix: {alt}, data.doc_mask=false, or model.num_memory_tokens=0."
+            )
+    return out
+
+
 def _alternatives(slot: str, ok: Any) -> str:
     registry = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}[slot]
     names = [n for n, cls in registry.items() if ok(cls)]
@@ -141,6 +178,7 @@ def check(sel: Selection) -> list[str]:
     problems += sel.exit[0].refusals(sel.exit[1], sel)
     if sel.reversible:
         problems += _reversible_reasons(sel)
+    problems += _model_option_reasons(sel)
     return list(dict.fromkeys(problems))
 
 

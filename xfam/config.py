@@ -181,6 +181,9 @@ def _slot_problems(
         task=task,
         streams=streams_of(cfg["loader"], memory)[0],
         reversible=spec.reversible,
+        num_mem_kv=spec.num_mem_kv,
+        num_memory_tokens=spec.num_memory_tokens,
+        documents=bool(cfg["data"].get("doc_mask", False)),
     )
     return [], sel
 
@@ -231,6 +234,12 @@ def validate(cfg: Mapping[str, Any]) -> None:
                 f"data.seq_len={seq_len} is longer than the learned position table (model.max_len={spec.max_len}). "
                 f"Fix: model.max_len={seq_len} or more, a shorter data.seq_len, or a pos that extrapolates "
                 f"(pos=rope, pos=alibi)."
+            )
+        if (n := spec.num_memory_tokens) and isinstance(seq_len, int) and seq_len + n > spec.max_len:
+            problems.append(
+                f"data.seq_len={seq_len} plus model.num_memory_tokens={n} makes {seq_len + n} tokens per row, more "
+                f"than model.max_len={spec.max_len} (memory tokens take no absolute position, but attention slots). "
+                f"Fix: model.max_len={seq_len + n} or more, a shorter data.seq_len, or fewer memory tokens."
             )
         if sel.streams and data_cls is not None and not data_cls.contiguous:
             why = streams_of(cfg["loader"], sel.memory)[1]

@@ -25,6 +25,7 @@ from doubles import TableBias, ToyModifier, xfam_components
 
 from xfam.attention import ATTENTION, AttnMask
 from xfam.attention.base import expand_kv
+from xfam.attention.mask import SHARED
 from xfam.attention.vanilla import reference_attention
 from xfam.pos.alibi import AlibiBias
 from xfam.registry import signature_params
@@ -76,6 +77,8 @@ def qkv(sq: int = S, sk: int = S, kv_heads: int = H, dtype=torch.float32, grad: 
 PAD_LEFT = torch.tensor([[False] * 3 + [True] * 9, [True] * 12])
 PAD_RIGHT = torch.tensor([[True] * 12, [True] * 8 + [False] * 4])
 SEGMENTS = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [3] * 7 + [4] * 5])
+# memory tokens in packed rows: keys every document sees (AttnMask's SHARED id), mechanisms with ``shared_keys``
+SHARED_SEGMENTS = torch.tensor([[SHARED] * 2 + [0] * 6 + [1] * 4, [SHARED] * 3 + [3] * 4 + [4] * 5])
 
 MASKS = {  # name -> (Sq, AttnMask kwargs without q_len); Sk = 12 throughout
     "causal": (12, dict(causal=True)),
@@ -84,11 +87,13 @@ MASKS = {  # name -> (Sq, AttnMask kwargs without q_len); Sk = 12 throughout
     "causal_left_padding": (12, dict(causal=True, key_padding=PAD_LEFT)),
     "causal_offset_padding": (7, dict(causal=True, key_padding=PAD_LEFT)),
     "causal_segments": (12, dict(causal=True, segments=SEGMENTS)),
+    "causal_shared_segments": (12, dict(causal=True, segments=SHARED_SEGMENTS)),
     "causal_window": (12, dict(causal=True, window=4)),
     "causal_window_offset": (6, dict(causal=True, window=3)),
     "bidirectional": (12, dict()),
     "bidirectional_padding": (12, dict(key_padding=PAD_RIGHT)),
     "bidirectional_segments": (12, dict(segments=SEGMENTS)),
+    "bidirectional_shared_segments": (12, dict(segments=SHARED_SEGMENTS)),
     "bidirectional_window": (12, dict(window=3)),
 }
 
@@ -99,7 +104,10 @@ def mask_cases() -> list:
     for p in cases():
         name, params, causal = p.values
         for form, (sq, kw) in MASKS.items():
-            if kw.get("causal", False) == causal and (sq == S or not ATTENTION.get(name).fixed_length):
+            cls = ATTENTION.get(name)
+            if "shared" in form and not cls.shared_keys:
+                continue
+            if kw.get("causal", False) == causal and (sq == S or not cls.fixed_length):
                 out.append(pytest.param(name, params, causal, form, id=f"{p.id}-{form}"))
     return out
 

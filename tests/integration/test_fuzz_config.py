@@ -74,6 +74,15 @@ def cases() -> list[tuple[list[str], list[str]]]:
         (["trainer.nonfinite=ignore"], ["trainer.nonfinite: unknown value 'ignore'", "Fix:"]),
         (["trainer.max_stepz=3"], ["Did you mean 'max_steps'", "Fix:"]),
         (["ckpt_path=/no/such.ckpt"], ["no such file", "Fix:"]),
+        (["model.num_mem_kv=-1"], ["model.num_mem_kv=-1: must be >= 0", "Fix:"]),
+        (["attention=local", "model.num_mem_kv=4"], ["attention=local does not", "attention in [vanilla]", "Fix:"]),
+        (["exit=calm", "model.num_memory_tokens=2"], ["exit=calm's per-token exit decisions", "Fix:"]),
+        (["attention=etc", "data=listops", "model.num_memory_tokens=2"], ["with attention=etc", "Fix:"]),
+        (["model.max_len=256", "model.num_memory_tokens=2"], ["makes 258 tokens per row", "Fix: model.max_len=258"]),
+        (
+            ["attention=performer", "data.doc_mask=true", "model.num_memory_tokens=2"],
+            ["attention=performer cannot express", "Fix:"],
+        ),
     ]
     return out
 

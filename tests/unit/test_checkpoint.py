@@ -56,6 +56,12 @@ def test_architecture_diff_names_the_changed_keys() -> None:
     assert architecture_diff(a, a) == []
 
 
+def test_a_model_option_newer_than_the_checkpoint_compares_as_its_default() -> None:
+    old = {"model": {"dim": 32}}  # written before model.num_mem_kv existed
+    assert architecture_diff(old, {"model": {"dim": 32, "num_mem_kv": 0}}) == []
+    assert architecture_diff(old, {"model": {"dim": 32, "num_mem_kv": 4}}) == ["model.num_mem_kv: 0 -> 4"]
+
+
 def test_a_checkpoint_resumes_only_on_data_its_model_can_take(tmp_path: Path) -> None:
     from xfam.build import check_checkpoint_data
 

@@ -26,9 +26,12 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass() -> None:
     assert torch.isfinite(filter_logits(shuffled, top_p=0.7)).tolist() == [[False, True, False, True]]
 
 
+@pytest.mark.parametrize(
+    "options", [{}, {"num_mem_kv": 3}, {"num_memory_tokens": 2}], ids=["plain", "mem_kv", "mem_tokens"]
+)
 @pytest.mark.parametrize("pos", ["none", "sinusoidal", "learned", "rope", "alibi"])
-def test_cached_generation_logits_equal_a_full_recompute(pos: str) -> None:
-    model = build_model(pos=pos, vocab_size=13)
+def test_cached_generation_logits_equal_a_full_recompute(pos: str, options: dict) -> None:
+    model = build_model(pos=pos, vocab_size=13, **options)
     prompt = torch.randint(0, 13, (2, 5))
     tokens, logits, _ = generate(
         model, prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(0)

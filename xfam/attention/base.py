@@ -6,8 +6,9 @@ output projection; a mechanism sees heads-first tensors:
     q: [B, H, Sq, Dh]    k, v: [B, Hkv, Sk, Dh]  (Hkv divides H: grouped-query attention)
     returns [B, H, Sq, Dh]
 
-Keys may extend in front of the queries (memory, decode cache): see ``AttnMask``. Capabilities are
-class attributes read by the build-time compatibility check; ``forward`` never asserts them.
+Keys may extend in front of the queries (persistent keys, memory, decode cache): see ``AttnMask``.
+Capabilities are class attributes read by the build-time compatibility check; ``forward`` never
+asserts them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xfam.attention.mask import AttnMask
@@ -33,6 +35,10 @@ class AttentionMechanism(nn.Module, Component):
         accepts_bias: adds a ``ScoreBias`` to its scores.
         hosts_modifiers: forms the full ``[B, H, Sq, Sk]`` score matrix, so a ``ScoreModifier`` can run inside it.
         accepts_memory: keys may include memory or cache in front of the queries.
+        accepts_persistent_kv: keys may lead with ``mask.persistent`` position-free keys that every
+            query sees (``model.num_mem_kv``); its ``decode`` keeps them out of its state.
+        shared_keys: honours the ``SHARED`` document id of ``AttnMask`` (keys every document sees:
+            memory tokens in packed rows); mechanisms that treat documents as runs of equal ids do not.
         fixed_length: needs every sequence to have exactly ``max_len`` tokens.
         aux_loss: returns auxiliary losses (``aux_losses``), which need a normal autograd graph.
         backends: the implementations behind ``backend`` (``auto`` picks, and logs once).
@@ -43,6 +49,8 @@ class AttentionMechanism(nn.Module, Component):
     accepts_bias: ClassVar[bool] = True
     hosts_modifiers: ClassVar[bool] = False
     accepts_memory: ClassVar[bool] = True
+    accepts_persistent_kv: ClassVar[bool] = False
+    shared_keys: ClassVar[bool] = True
     fixed_length: ClassVar[bool] = False
     aux_loss: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)
@@ -82,14 +90,19 @@ class AttentionMechanism(nn.Module, Component):
     ) -> tuple[Tensor, DecodeState]:
         """Attend new queries to the cached keys plus the new ones; returns output and new state.
 
-        ``q, k, v`` hold only the new tokens; ``mask`` describes all keys (cache + new), so
+        ``q, k, v`` hold only the new tokens (after the ``mask.persistent`` persistent keys, which lead
+        every call's keys and are never cached); ``mask`` describes all keys (cache + new), so
         ``mask.offset`` is the cache length. The default keeps a key/value cache (Hkv heads);
         mechanisms with other state (running sums, a rolling window) override this.
         """
+        p = mask.persistent
+        kp, vp, k, v = k[:, :, :p], v[:, :, :p], k[:, :, p:], v[:, :, p:]  # [B, Hkv, P | Sq, Dh]
         if state is not None:
             k = torch.cat((state["k"], k), dim=2)  # [B, Hkv, T + Sq, Dh]
             v = torch.cat((state["v"], v), dim=2)
-        return self(q, k, v, mask, bias, modifier), {"k": k, "v": v}
+        keys = torch.cat((kp, k), dim=2) if p else k  # [B, Hkv, P + T + Sq, Dh]
+        values = torch.cat((vp, v), dim=2) if p else v
+        return self(q, keys, values, mask, bias, modifier), {"k": k, "v": v}
 
 
 def expand_kv(x: Tensor, heads: int) -> Tensor:
@@ -106,7 +119,9 @@ def additive_mask(mask: AttnMask, bias: ScoreBias | None, dtype: torch.dtype, de
 
     def make() -> Tensor | None:
         allowed = mask.dense(device)  # [B|1, 1, Sq, Sk] or None
-        out = None if bias is None else bias.dense(mask, dtype).to(device)
+        out = None if bias is None else bias.dense(mask, dtype).to(device)  # [1, H, Sq, Sk - P]
+        if out is not None and mask.persistent:  # persistent keys have no position: zero bias
+            out = F.pad(out, (mask.persistent, 0))  # [1, H, Sq, Sk]
         if allowed is not None:
             neg = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
             out = neg if out is None else out + neg

@@ -44,6 +44,13 @@ from xfam.logs import log_once
 from xfam.pos.base import ScoreBias, ScoreModifier
 from xfam.registry import Positive, Probability, defaults_of
 
+#: Refusal of ``model.num_memory_tokens`` with ETC (build-time check and model builder).
+MEMORY_TOKENS_REFUSAL = (
+    "model.num_memory_tokens cannot be combined with attention=etc: ETC's global tokens already are learned "
+    "tokens in front of the input, which its attention pattern treats apart from the text. "
+    "Fix: model.num_memory_tokens=0 (ETC's own attention.global_tokens play that part), or another attention."
+)
+
 
 class ETCPattern(SparsePattern):
     """The whole ETC rule over ``[globals | long]`` key indices; globals start at key index ``start``.
@@ -174,6 +181,8 @@ class ETC(AttentionMechanism):
                 "attention=etc: every layer must use the same global_tokens (they are inputs of the whole model). "
                 "Fix: set global_tokens at the slot level only."
             )
+        if selection.num_memory_tokens:
+            out.append(MEMORY_TOKENS_REFUSAL)
         exit_cls = selection.exit[0]
         if exit_cls.early_exit:
             out.append(

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xfam.attention.base import expand_kv
-from xfam.attention.mask import AttnMask
+from xfam.attention.mask import AttnMask, same_document
 from xfam.attention.sparse import SparseMechanism, SparsePattern, block_sparse_attention, dense_sparse_attention
 from xfam.logs import log_once
 from xfam.pos.base import ScoreBias, ScoreModifier
@@ -266,7 +266,7 @@ def _batch_ok(mask: AttnMask, ch: Chunk, n: int) -> list[Tensor]:
         if pad is not None:
             ok = ok & _pairs(f, lambda q, k: pad[:, k.clamp(0, n - 1)])
         if seg is not None:
-            ok = ok & _pairs(f, lambda q, k: seg[:, q.clamp(0, n - 1)] == seg[:, k.clamp(0, n - 1)])
+            ok = ok & _pairs(f, lambda q, k: same_document(seg[:, q.clamp(0, n - 1)], seg[:, k.clamp(0, n - 1)]))
         out.append(ok[:, None])
     return out
 

@@ -321,6 +321,7 @@ class KernelAttention(AttentionMechanism):
 
     hosts_modifiers = False
     accepts_bias = True  # only a distance decay lambda_h^|i-j| on the chunked path (see ``refusals``)
+    shared_keys = False  # its prefix sums restart at every change of document id (``doc_index``)
     backends: ClassVar[tuple[str, ...]] = ("chunked", "quadratic")
 
     def __init__(self, *, rows: int, head_dim: int, features: str, redraw_every: int | None, chunk: int, backend: str):

@@ -100,6 +100,7 @@ class Linformer(AttentionMechanism):
     causal = False
     accepts_bias = False
     accepts_memory = False
+    shared_keys = False  # its projected path projects each document's run of keys apart
     backends = ("projected", "reference")
 
     def __init__(

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, expand_kv
-from xfam.attention.mask import AttnMask
+from xfam.attention.mask import AttnMask, same_document
 from xfam.logs import log_once
 from xfam.pos.base import ScoreBias, ScoreModifier
 from xfam.registry import Positive, Probability
@@ -77,7 +77,7 @@ def _pair_ok(mask: AttnMask, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         ok = ok & _at(mask.key_padding.to(k_pos.device), k_pos)
     if mask.segments is not None:
         seg = mask.segments.to(k_pos.device)
-        ok = ok & (_at(seg, q_pos) == _at(seg, k_pos))
+        ok = ok & same_document(_at(seg, q_pos), _at(seg, k_pos))
     return ok
 
 

@@ -7,6 +7,15 @@ paths, or a position-only predicate evaluated on gathered (query, key) pairs for
 Coordinates: keys are indexed 0..Sk-1 over [memory | cache | current segment]; query i sits at key
 index ``offset + i`` with ``offset = Sk - Sq`` (the keys in front of the segment). Positional
 encodings use the same coordinates, so a bias or a rotation is correct across memory and cache.
+
+Persistent keys (``persistent``, Sukhbaatar et al., 2019): the key tensors may lead with P learned
+keys that have no position and that every query sees. They stand outside the coordinates above:
+``offset``, ``positions``, ``visible``, ``key_padding`` and ``segments`` describe the other keys only,
+and ``dense`` marks the P leading columns visible.
+
+Documents: a key whose document id is ``SHARED`` is seen by the queries of every document, and a
+query with that id sees only such keys (memory tokens in packed rows: they never see a document, so
+they carry nothing from one document to another); ``same_document`` is the rule.
 """
 
 from __future__ import annotations
@@ -15,7 +24,16 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+#: Document id of keys every document sees (and of queries that see only them): see the module docstring.
+SHARED = -2
+
+
+def same_document(q_seg: Tensor, k_seg: Tensor) -> Tensor:
+    """May a query of document ``q_seg`` see a key of document ``k_seg`` (broadcast ids)?"""
+    return (q_seg == k_seg) | (k_seg == SHARED)
 
 
 @dataclasses.dataclass(eq=False)
@@ -23,13 +41,16 @@ class AttnMask:
     """Which keys each query may attend to.
 
     Attributes:
-        q_len, k_len: Sq and Sk (Sk >= Sq; the first Sk - Sq keys are memory or cache).
+        q_len, k_len: Sq and Sk, the lengths of the query and key tensors (the first Sk - Sq keys are
+            persistent keys, memory or cache).
         causal: a query sees only keys at or before its own index.
         key_padding: ``[B, Sk]`` bool, True for real keys; None when nothing is padded.
         segments: ``[B, Sk]`` int document ids of the keys (packed sequences); a query sees only
             keys of its own document. The queries' ids are the last Sq columns.
         window: a query sees keys less than ``window`` indices away (causal look-back or
             bidirectional radius); None for unlimited.
+        persistent: P leading keys without position, visible to every query; ``key_padding``,
+            ``segments``, ``offset`` and ``positions`` cover the other Sk - P keys.
     """
 
     q_len: int
@@ -38,21 +59,22 @@ class AttnMask:
     key_padding: Tensor | None = None
     segments: Tensor | None = None
     window: int | None = None
+    persistent: int = 0
     _memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.k_len < self.q_len:
-            raise ValueError(f"k_len ({self.k_len}) must be >= q_len ({self.q_len})")
+        if self.k_len < self.q_len + self.persistent:
+            raise ValueError(f"k_len ({self.k_len}) must be >= q_len ({self.q_len}) + persistent ({self.persistent})")
 
     @property
     def offset(self) -> int:
         """Key index of the first query (length of memory or cache in front of it)."""
-        return self.k_len - self.q_len
+        return self.k_len - self.persistent - self.q_len
 
     @property
     def is_plain_causal(self) -> bool:
         """Exactly lower-triangular with no offset: SDPA's ``is_causal`` flag expresses it."""
-        return self.causal and self.offset == 0 and self._unrestricted_otherwise
+        return self.causal and self.offset == 0 and self.persistent == 0 and self._unrestricted_otherwise
 
     @property
     def is_full(self) -> bool:
@@ -65,15 +87,15 @@ class AttnMask:
         return self.key_padding is None and self.segments is None and self.window is None
 
     def positions(self, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-        """Query and key positions ``([Sq], [Sk])`` in key-index coordinates."""
-        k_pos = torch.arange(self.k_len, device=device)
+        """Query and key positions ``([Sq], [Sk - P])`` in key-index coordinates (persistent keys have none)."""
+        k_pos = torch.arange(self.k_len - self.persistent, device=device)
         return k_pos[self.offset :], k_pos
 
     def visible(self, q_idx: Tensor, k_idx: Tensor) -> Tensor:
         """Position-only visibility of gathered pairs (causal and window); broadcasts its inputs.
 
-        ``q_idx`` are query indices 0..Sq-1, ``k_idx`` key indices 0..Sk-1. Padding and segments
-        depend on the batch row; combine them with ``batch_visible``.
+        ``q_idx`` are query indices 0..Sq-1, ``k_idx`` key indices 0..Sk-P-1 (persistent keys are always
+        visible). Padding and segments depend on the batch row; see ``dense``.
         """
         dist = (q_idx + self.offset) - k_idx  # >0: key lies in the past
         ok = torch.ones_like(dist, dtype=torch.bool)
@@ -90,17 +112,19 @@ class AttnMask:
         key = ("dense", device)
         if key not in self._memo:
             q_idx = torch.arange(self.q_len, device=device)[:, None]
-            k_idx = torch.arange(self.k_len, device=device)[None, :]
-            ok = self.visible(q_idx, k_idx)[None, None]  # [1, 1, Sq, Sk]
+            k_idx = torch.arange(self.k_len - self.persistent, device=device)[None, :]
+            ok = self.visible(q_idx, k_idx)[None, None]  # [1, 1, Sq, Sk - P]
             if self.key_padding is not None:
-                ok = ok & self.key_padding[:, None, None, :].to(device)  # [B, 1, 1, Sk]
+                ok = ok & self.key_padding[:, None, None, :].to(device)  # [B, 1, 1, Sk - P]
             if self.segments is not None:
                 seg = self.segments.to(device)
-                ok = ok & (seg[:, None, self.offset :, None] == seg[:, None, None, :])  # [B, 1, Sq, Sk]
+                ok = ok & same_document(seg[:, None, self.offset :, None], seg[:, None, None, :])  # [B, 1, Sq, Sk - P]
             # A query that may see nothing (a left pad under a causal mask) attends to itself, so
             # softmax stays finite; its output is padding and never reaches a real token.
             diag = q_idx + self.offset == k_idx
             ok = ok | (diag & ~ok.any(-1, keepdim=True))
+            if self.persistent:  # persistent keys: visible to every query
+                ok = F.pad(ok, (self.persistent, 0), value=True)  # [B|1, 1, Sq, Sk]
             self._memo[key] = ok
         return self._memo[key]
 

@@ -83,6 +83,7 @@ class Sinkhorn(AttentionMechanism):
     paper = "Tay et al., 2020, arXiv:2002.11296"
     accepts_bias = False
     accepts_memory = False
+    shared_keys = False  # its blocks and sorting follow runs of equal document ids
     backends = ("block", "dense")
 
     def __init__(

@@ -8,6 +8,10 @@ Two paths behind ``backend``:
 * ``torch`` -- the einsum reference: explicit scores, so it can host score modifiers.
 
 ``auto`` uses sdpa unless a score modifier needs explicit scores; the choice is logged once.
+
+Persistent keys (``mask.persistent``, ``model.num_mem_kv``) take part in the softmax like any key, with
+no position: a score bias is zero on them (``additive_mask``) and a score modifier acts on the other
+keys only.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ def reference_attention(
     heads = q.shape[1]
     k, v = expand_kv(k, heads), expand_kv(v, heads)  # [B, H, Sk, Dh]
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])  # [B, H, Sq, Sk]
+    p = mask.persistent  # a modifier's positional terms apply to the keys with a position: the last Sk - P
     if modifier is not None:
-        scores = modifier.logits(scores, q, k, mask)
+        modified = modifier.logits(scores[..., p:], q, k[:, :, p:], mask)  # [B, H, Sq, Sk - P]
+        scores = torch.cat((scores[..., :p], modified), dim=-1) if p else modified
     add = additive_mask(mask, bias, scores.dtype, scores.device)
     if add is not None:
         scores = scores + add
@@ -48,7 +54,7 @@ def reference_attention(
     if dropout:
         probs = F.dropout(probs, dropout)
     out = torch.einsum("bhqk,bhkd->bhqd", probs, v)  # [B, H, Sq, Dh]
-    extra = modifier.output(probs, mask) if modifier is not None else None
+    extra = modifier.output(probs[..., p:], mask) if modifier is not None else None
     return out if extra is None else out + extra
 
 
@@ -64,6 +70,7 @@ class Vanilla(AttentionMechanism):
     paper = "Vaswani et al., 2017, arXiv:1706.03762"
 
     hosts_modifiers = True
+    accepts_persistent_kv = True
     backends = ("sdpa", "torch")
 
     def __init__(

@@ -7,6 +7,7 @@ can be traced to exactly what produced it and a model can be rebuilt from the fi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import os
@@ -19,6 +20,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 import xfam
 from xfam.errors import ConfigError
+from xfam.model.spec import ModelSpec
 
 #: Bump when the config layout changes in a way old checkpoints need translating for.
 CONFIG_VERSION = 1
@@ -112,8 +114,10 @@ def architecture_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             return {k: v for key, val in d.items() for k, v in flat(val, f"{prefix}.{key}").items()}
         return {prefix: d}
 
-    fa = {k: v for s in ARCHITECTURE for k, v in flat(a.get(s, {}), s).items()}
-    fb = {k: v for s in ARCHITECTURE for k, v in flat(b.get(s, {}), s).items()}
+    # a model option missing on one side (a checkpoint written before it existed) is at its default
+    defaults = {f"model.{f.name}": f.default for f in dataclasses.fields(ModelSpec)}
+    fa = {**defaults, **{k: v for s in ARCHITECTURE for k, v in flat(a.get(s, {}), s).items()}}
+    fb = {**defaults, **{k: v for s in ARCHITECTURE for k, v in flat(b.get(s, {}), s).items()}}
     return [f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}" for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 

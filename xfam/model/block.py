@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import torch
@@ -39,7 +40,10 @@ class SelfAttention(nn.Module):
     """Projections around a mechanism: ``x [B, S, D] -> [B, S, D]``.
 
     One fused q/k/v projection; key/value heads may be fewer than query heads (grouped-query
-    attention). Memory states ``[B, M, D]`` are projected to keys/values and put in front.
+    attention). Memory states ``[B, M, D]`` are projected to keys/values and put in front. With
+    ``num_mem_kv`` = P, learned persistent keys/values ``[Hkv, P, Dh]`` (Sukhbaatar et al., 2019,
+    "Augmenting Self-attention with Persistent Memory", arXiv:1907.01470) lead the keys of every
+    query: keys = [persistent | memory or cache | segment] (see ``_with_persistent``).
     """
 
     def __init__(self, spec: ModelSpec, mechanism: AttentionMechanism, layer: int):
@@ -52,6 +56,11 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(self.q_width, spec.dim, bias=spec.bias)
         self.out.residual_out = True
         self.mechanism = mechanism
+        self.persistent_k = self.persistent_v = None
+        if spec.num_mem_kv:  # normal init, like the embeddings (x-transformers draws them from randn)
+            shape = (self.kv_heads, spec.num_mem_kv, self.head_dim)  # [Hkv, P, Dh]
+            self.persistent_k = nn.Parameter(torch.randn(shape) * spec.init_std)
+            self.persistent_v = nn.Parameter(torch.randn(shape) * spec.init_std)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, s, _ = x.shape
@@ -75,6 +84,8 @@ class SelfAttention(nn.Module):
         if ctx.rotary is not None:
             q = ctx.pos.rotate(q, tuple(t[-s:] for t in ctx.rotary))  # tables [Sk_now, ...]: the last S rows
             k = ctx.pos.rotate(k, ctx.rotary, key=True)
+        if self.persistent_k is not None:
+            q, k, v = self._with_persistent(q, q_plain, k, v, rotated=ctx.rotary is not None)
         modifier = ctx.pos.score_modifier(self.layer)
         if ctx.decoding:
             o, state = self.mechanism.decode(q, k, v, state, ctx.mask, ctx.bias, modifier)
@@ -84,6 +95,25 @@ class SelfAttention(nn.Module):
             o = augment(q_plain, o)
         o = o.transpose(1, 2).reshape(b, s, self.q_width)  # [B, H, S, Dh] -> [B, S, H*Dh]
         return self.out(o), state
+
+    def _with_persistent(
+        self, q: Tensor, q_plain: Tensor, k: Tensor, v: Tensor, rotated: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The persistent keys/values in front: ``k, v [B, Hkv, Sk, Dh] -> [B, Hkv, P + Sk, Dh|2Dh]``.
+
+        They have no position: a query's score against one is ``q . pk / sqrt(Dh)`` wherever the query
+        sits (a score bias is zero on them, ``additive_mask``). A rotary encoding rotates the queries, so
+        (R_i q) . pk would depend on the query's position i; the score is taken from the unrotated query
+        through a second block of channels instead: ``q' = sqrt(2) [R q | q]`` ``[B, H, Sq, 2Dh]``, other
+        keys ``[R k | 0]``, persistent keys ``[0 | pk]``, so ``q' . k' / sqrt(2 Dh)`` is ``(R q) . (R k) / sqrt(Dh)``
+        and ``q . pk / sqrt(Dh)`` (twice the q.k work, under rotary encodings only).
+        """
+        pk = self.persistent_k.to(k.dtype).expand(k.shape[0], -1, -1, -1)  # [B, Hkv, P, Dh]
+        pv = self.persistent_v.to(v.dtype).expand(v.shape[0], -1, -1, -1)
+        if rotated:
+            q = torch.cat((q, q_plain), dim=-1) * math.sqrt(2)  # [B, H, Sq, 2Dh]
+            k, pk = torch.cat((k, torch.zeros_like(k)), dim=-1), torch.cat((torch.zeros_like(pk), pk), dim=-1)
+        return q, torch.cat((pk, k), dim=2), torch.cat((pv, v), dim=2)
 
     # -- for memories (LayerView): the layer's projections with detached weights, no positions ------
     def _kv_rows(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:

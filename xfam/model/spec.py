@@ -38,6 +38,13 @@ class ModelSpec:
             in the backward pass, so training memory does not grow with depth (pre-norm only).
         ffn_chunks: run the FFN in this many chunks along the sequence (the Reformer's chunked
             feed-forward; with ``reversible``).
+        num_mem_kv: persistent memory (Sukhbaatar et al., 2019, arXiv:1907.01470): per layer, this many
+            learned key and value vectors per key/value head, in front of every query's keys; no
+            position, always visible (any mask). Needs an attention with ``accepts_persistent_kv``.
+        num_memory_tokens: memory tokens (Burtsev et al., 2020, arXiv:2006.11527; "registers", Darcet
+            et al., 2023): this many learned embeddings in front of every input, run by every block
+            as ordinary tokens (without an absolute position), dropped before the head. They take
+            attention slots, so ``data.seq_len + num_memory_tokens <= max_len``.
     """
 
     name: str = "custom"
@@ -60,6 +67,8 @@ class ModelSpec:
     init_std: Annotated[float, NonNegative] = 0.02
     reversible: bool = False
     ffn_chunks: Annotated[int, Positive] = 1
+    num_mem_kv: Annotated[int, NonNegative] = 0
+    num_memory_tokens: Annotated[int, NonNegative] = 0
 
     @property
     def n_kv_heads(self) -> int:

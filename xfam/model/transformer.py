@@ -14,8 +14,9 @@ import torch
 from torch import Tensor, nn
 
 from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState
+from xfam.attention.etc import MEMORY_TOKENS_REFUSAL
 from xfam.attention.groups import HeadGroups
-from xfam.attention.mask import AttnMask
+from xfam.attention.mask import SHARED, AttnMask
 from xfam.errors import ConfigError
 from xfam.exit.base import EXIT, ExitOutput
 from xfam.memory.base import MEMORY, MemoryState
@@ -90,10 +91,13 @@ class XfamModel(nn.Module):
         self.uses_memory = any(m.registry_name != "none" for m in self.memories)
         if self.output_memory is not None:
             self.output_memory.check_vocab(vocab_size)
-        # Auxiliary global tokens (ETC): learned inputs in front of every input, with their own states in
-        # every block, dropped before the head; layers whose mechanism asks for none see ordinary tokens.
-        self.aux_tokens = aux_token_count(self.blocks, self.uses_memory)
+        # Auxiliary tokens: learned inputs in front of every input, with their own states in every block,
+        # dropped before the head: memory tokens (model.num_memory_tokens), or ETC's global tokens (which its
+        # mechanism asks for; layers whose mechanism asks for none see ordinary tokens). In packed rows memory
+        # tokens are SHARED by every document (they see only each other); ETC's globals belong to none (-1).
+        self.aux_tokens = aux_token_count(self.blocks, self.uses_memory, spec.num_memory_tokens)
         self.aux_embed = nn.Embedding(self.aux_tokens, spec.dim) if self.aux_tokens else None
+        self.aux_doc = SHARED if spec.num_memory_tokens else -1
         self.norm = make_norm(spec) if spec.norm_position == "pre" else nn.Identity()
         self.head = nn.Linear(spec.dim, out_dim, bias=task == "classify")
         self.apply(self._init)
@@ -149,12 +153,18 @@ class XfamModel(nn.Module):
         retrieved = None  # SPALM's neighbours of every position, mixed into the head's input
         if self.output_memory is not None and cache is None:  # (generation refuses models with memory)
             retrieved = self.output_memory.retrieve(tokens, key_padding, segments)
-        positions = torch.arange(offset, offset + s, device=tokens.device)  # [S]
+        # Every call's rows are [aux tokens | input]. The G aux tokens run in the first call only: later decode
+        # calls find their keys/values in the cache, and their rows ride along unchanged (the head drops them).
+        ride = self.aux_tokens if offset else 0
+        start = offset - ride  # the input's own first position (aux tokens take none)
+        positions = torch.arange(start, start + s, device=tokens.device)  # [S]
         x = self.drop(self.pos.embed(self.embed(tokens), positions))  # [B, S, D]
         input_padding = key_padding
-        if self.aux_embed is not None:  # positions above are the input's own; masks cover [globals | input]
+        if self.aux_embed is not None:  # masks cover [aux | input] (relative encodings see the aux in front)
             x, key_padding, segments = self._prepend_aux(x, key_padding, segments)
-            s = x.shape[1]  # G + S
+        s = x.shape[1] - ride  # the rows that run in this call, and their padding and documents:
+        run_pad, run_seg = (None if t is None else t[:, ride:] for t in (key_padding, segments))
+        lead = self.aux_tokens - ride  # aux rows among them (memories store the input's states only)
         mems = [m.read(st) for m, st in zip(self.memories, memory, strict=True)] if memory is not None else None
         mem_docs = [m.read_segments(st) for m, st in zip(self.memories, memory, strict=True)] if mems else None
         new_mem = list(memory) if memory is not None else None
@@ -162,28 +172,29 @@ class XfamModel(nn.Module):
         contexts: dict[int, LayerContext] = {}
         aux: dict[str, Tensor] = {}
         cache_pad = None
-        if cache is not None and (key_padding is not None or cache.key_padding is not None):
+        if cache is not None and (run_pad is not None or cache.key_padding is not None):
             # Keys are [cache | new tokens]: the mask needs the padding of the cached tokens too.
             ones = lambda n: tokens.new_ones(b, n, dtype=torch.bool)
             past = cache.key_padding if cache.key_padding is not None else ones(offset)
-            cache_pad = torch.cat((past, key_padding if key_padding is not None else ones(s)), dim=1)  # [B, T + S]
+            cache_pad = torch.cat((past, run_pad if run_pad is not None else ones(s)), dim=1)  # [B, T + S]
 
         def context(front: int, front_docs: Tensor | None = None) -> LayerContext:
-            # Keys = [front (memory or cache) | segment]; one context per distinct front length (and per
-            # layer when documents are marked: each memory keeps its own entries' document ids).
+            # Keys = [persistent | front (memory or cache) | segment]; one context per distinct front length (and
+            # per layer when documents are marked: each memory keeps its own entries' document ids).
             key = front if front_docs is None else (front, id(front_docs))
             if key not in contexts:
                 if cache is not None:
                     pad = cache_pad
-                elif key_padding is not None and front:
-                    pad = torch.cat((key_padding.new_ones(b, front), key_padding), dim=1)  # [B, M + S]
+                elif run_pad is not None and front:
+                    pad = torch.cat((run_pad.new_ones(b, front), run_pad), dim=1)  # [B, M + S]
                 else:
-                    pad = key_padding
-                docs = segments
-                if segments is not None and front and cache is None:  # memory of another document is never seen
-                    front_docs = segments.new_full((b, front), -1) if front_docs is None else front_docs
-                    docs = torch.cat((front_docs.to(segments), segments), dim=1)  # [B, M + S]
-                mask = AttnMask(q_len=s, k_len=front + s, causal=self.causal, key_padding=pad, segments=docs)
+                    pad = run_pad
+                docs = run_seg
+                if run_seg is not None and front and cache is None:  # memory of another document is never seen
+                    front_docs = run_seg.new_full((b, front), -1) if front_docs is None else front_docs
+                    docs = torch.cat((front_docs.to(run_seg), run_seg), dim=1)  # [B, M + S]
+                p = self.spec.num_mem_kv
+                mask = AttnMask(s, p + front + s, self.causal, pad, docs, persistent=p)
                 key_pos = torch.arange(front + s, device=tokens.device)[-s if cache is not None else 0 :]
                 contexts[key] = LayerContext(
                     mask=mask,
@@ -195,30 +206,32 @@ class XfamModel(nn.Module):
             return contexts[key]
 
         def run_layer(step: int, h: Tensor) -> Tensor:
+            carried, h = h[:, :ride], h[:, ride:]  # aux rows riding along (decode calls after the first)
             mem = mems[step] if mems is not None else None
             front = offset if cache is not None else (0 if mem is None else mem.shape[1])
             block, memory_l = self.blocks[step % len(self.blocks)], self.memories[step]
             augment = None
             if memory is not None and memory_l.augments_attention:
-                augment = lambda q, o: memory_l.augment(memory[step], q, o, segments)  # noqa: E731
-            ctx = context(front, mem_docs[step] if mem_docs and segments is not None and front else None)
+                augment = lambda q, o: memory_l.augment(memory[step], q, o, run_seg)  # noqa: E731
+            ctx = context(front, mem_docs[step] if mem_docs and run_seg is not None and front else None)
             out, st = block(h, ctx, mem, states[step] if states is not None else None, augment)
             if states is not None:
                 states[step] = st
             for k, val in block.attn.mechanism.aux_losses().items():
                 aux[f"attention/{k}"] = aux.get(f"attention/{k}", 0.0) + val
             if new_mem is not None:
-                new_mem[step], losses = memory_l.write(memory[step], h, block.view(segments))
+                view = block.view(None if run_seg is None else run_seg[:, lead:])
+                new_mem[step], losses = memory_l.write(memory[step], h[:, lead:], view)
                 for k, val in losses.items():
                     aux[f"memory/{k}"] = aux.get(f"memory/{k}", 0.0) + val
-            return out
+            return torch.cat((carried, out), dim=1) if ride else out
 
         if self.spec.reversible:  # the whole stack in one recomputed pass (see xfam.model.reversible)
             front = offset if cache is not None else 0
-            hidden = reversible_stack(x, self.blocks, lambda i: context(front), self.spec.ffn_chunks, states)
-            res = ExitOutput(hidden=hidden)
+            hidden = reversible_stack(x[:, ride:], self.blocks, lambda i: context(front), self.spec.ffn_chunks, states)
+            res = ExitOutput(hidden=torch.cat((x[:, :ride], hidden), dim=1) if ride else hidden)
         else:
-            pos_all = torch.arange(offset, offset + s, device=tokens.device)  # [S] (with any global tokens)
+            pos_all = torch.arange(start - self.aux_tokens, start + len(positions), device=tokens.device)  # [G + S]
             head = lambda h, proj=None: self.head_logits(h, input_padding, proj, retrieved)  # [B, G + S, D] -> logits
             res = self.exit(x, run_layer, self.num_layers, head, pos_all, key_padding, cache is not None, targets)
         aux.update({f"exit/{k}": val for k, val in res.aux.items()})
@@ -230,14 +243,15 @@ class XfamModel(nn.Module):
     def _prepend_aux(
         self, x: Tensor, key_padding: Tensor | None, segments: Tensor | None
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """``[B, S, D] -> [B, G + S, D]`` with the G global tokens in front; they are never padding, and
-        belong to no document of packed rows (id -1), so they never carry one document into another."""
+        """``[B, S, D] -> [B, G + S, D]`` with the G aux tokens in front; they are never padding. In packed
+        rows their document id is ``aux_doc``: memory tokens are SHARED (every document sees them, they see
+        only each other), ETC's globals belong to no document (-1); neither carries one document into another."""
         b, n = x.shape[0], self.aux_tokens
         x = torch.cat((self.aux_embed.weight.to(x.dtype).expand(b, n, -1), x), dim=1)  # [B, G + S, D]
         if key_padding is not None:
             key_padding = torch.cat((key_padding.new_ones(b, n), key_padding), dim=1)  # [B, G + S]
         if segments is not None:
-            segments = torch.cat((segments.new_full((b, n), -1), segments), dim=1)  # [B, G + S]
+            segments = torch.cat((segments.new_full((b, n), self.aux_doc), segments), dim=1)  # [B, G + S]
         return x, key_padding, segments
 
     def head_logits(
@@ -268,14 +282,17 @@ class XfamModel(nn.Module):
         return DecodeCache(0, [None] * self.num_layers)
 
 
-def aux_token_count(blocks: nn.ModuleList, uses_memory: bool) -> int:
-    """Auxiliary global tokens the layers' mechanisms ask the model to prepend (``aux_tokens``, ETC)."""
+def aux_token_count(blocks: nn.ModuleList, uses_memory: bool, memory_tokens: int = 0) -> int:
+    """Auxiliary tokens to prepend: ``memory_tokens``, or the global tokens the layers' mechanisms ask for
+    (``aux_tokens``, ETC)."""
     counts = {getattr(b.attn.mechanism, "aux_tokens", 0) for b in blocks} - {0}
     if len(counts) > 1:
         raise ConfigError(f"layers ask for different numbers of auxiliary tokens: {sorted(counts)}. Fix: one value.")
     if counts and uses_memory:
         raise ConfigError("auxiliary global tokens (attention=etc) cannot be combined with memory. Fix: memory=none.")
-    return counts.pop() if counts else 0
+    if counts and memory_tokens:
+        raise ConfigError(MEMORY_TOKENS_REFUSAL)
+    return counts.pop() if counts else memory_tokens
 
 
 def build_mechanism(cfg: dict[str, Any], struct: dict[str, Any], layer: int) -> AttentionMechanism:

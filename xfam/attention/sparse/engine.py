@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xfam.attention.base import expand_kv
-from xfam.attention.mask import AttnMask
+from xfam.attention.mask import AttnMask, same_document
 from xfam.attention.sparse.pattern import SparsePattern
 from xfam.pos.base import ScoreBias
 
@@ -142,7 +142,7 @@ def _batch_ok(mask: AttnMask, pos: Tensor, q_pos: Tensor) -> Tensor | None:
     if mask.segments is not None:
         seg = F.pad(mask.segments.to(pos.device), (0, n - mask.k_len), value=-1)  # [B, n]
         q_seg = seg[:, q_pos]  # [B, nQ, b]
-        same = q_seg[:, None, :, :, None] == seg[:, pos][:, :, :, None, :]  # [B, Hp, nQ, b, Kb]
+        same = same_document(q_seg[:, None, :, :, None], seg[:, pos][:, :, :, None, :])  # [B, Hp, nQ, b, Kb]
         out = same if out is None else out & same
     return out
 
@@ -235,7 +235,7 @@ def dense_rows(
     if mask.key_padding is not None:
         ok = ok & mask.key_padding[:, None, None, :]
     if mask.segments is not None:
-        ok = ok & (mask.segments[:, None, q_pos, None] == mask.segments[:, None, None, :])
+        ok = ok & same_document(mask.segments[:, None, q_pos, None], mask.segments[:, None, None, :])
     own = q_pos[:, None] == k_pos[None, :]  # a row that may see nothing attends to itself (AttnMask convention)
     ok = ok | (own & ~ok.any(-1, keepdim=True))
     probs = _softmax(scores, ok)
