@@ -19,6 +19,10 @@ if "HF_DATASETS_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Without a GPU the Triton kernels' parity tests run in Triton's interpreter, which must be switched on
+# before any kernel is decorated (xfam imports kernel modules lazily, so this is early enough).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Import the doubles under one name ("doubles") whatever pytest's import mode, so each toy registers once.
 sys.path.insert(0, str(Path(__file__).parent))

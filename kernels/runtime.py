@@ -1,0 +1,39 @@
+"""Where the Triton kernels can run, and why not (shared by every kernel and by the dispatch).
+
+* CUDA tensors with Triton installed: compiled kernels.
+* CPU tensors with ``TRITON_INTERPRET=1`` set before the kernels were imported: Triton's interpreter
+  (ENVIRONMENT.md: 100-500x slower than SDPA, for parity tests at small sizes; its bf16 arithmetic is
+  wrong, so kernels upcast bf16 loads to fp32).
+* Anything else: not at all; ``why_not`` says why, for the error of an explicit ``backend=triton``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    """Triton's interpreter is on (it must be set before ``triton.jit`` decorates a kernel)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def why_not(device: torch.device) -> str | None:
+    """None when the kernels can run on ``device``; else the reason and the fix."""
+    if not triton_installed():
+        return "Triton is not installed (pip install triton; Linux only). Fix: backend=auto or a PyTorch backend."
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and interpreting():
+        return None
+    return (
+        f"Triton kernels run on CUDA devices, or on CPU only under TRITON_INTERPRET=1 (a slow interpreter for "
+        f"tests); this tensor is on {device.type}. Fix: backend=auto (takes the Triton path on CUDA and the "
+        f"PyTorch path elsewhere), or run on a GPU."
+    )

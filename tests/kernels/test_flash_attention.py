@@ -1,0 +1,324 @@
+"""The fused flash attention kernel (kernels/flash_attention.py).
+
+Two links tie the kernel to xfam's semantics: its PyTorch reference equals xfam's own references
+(vanilla ``reference_attention`` with ``AttnMask`` and ALiBi / T5 biases, adaptive span's dense formula,
+the sparse engine's dense reference through ``geometry``), and the kernel equals that reference, outputs
+and every gradient, feature by feature and in combinations, in fp32 and fp16 (Triton's interpreter on
+CPU; bf16 on CUDA only). Also: key blocks nobody may see are never read, and the errors are clear.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from xfam.attention.adaptive_span import span_reference
+from xfam.attention.bigbird import BigBirdPattern
+from xfam.attention.local import WindowPattern
+from xfam.attention.mask import SHARED, AttnMask
+from xfam.attention.sparse import dense_sparse_attention
+from xfam.attention.sparse.engine import geometry
+from xfam.attention.strided import StridedPattern
+from xfam.attention.vanilla import reference_attention
+from xfam.kernels import flash_attention as fa
+from xfam.kernels import runtime
+from xfam.pos.alibi import AlibiBias
+from xfam.pos.t5 import T5Bias, t5_bucket
+
+flash_attention, flash_attention_reference = fa.flash_attention, fa.flash_attention_reference
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+_REASON = runtime.why_not(DEVICE)
+needs_kernel = pytest.mark.skipif(_REASON is not None, reason=f"Triton kernels cannot run here: {_REASON}")
+TOL = {  # (atol, rtol) against the fp32 reference on the same (rounded) inputs
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (6e-2, 5e-2),
+}
+
+
+# -- inputs -----------------------------------------------------------------------------------------------
+
+
+def qkv(b: int, h: int, h_kv: int, s_q: int, s_k: int, dh: int, dtype=torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, s_q, dh, generator=g)
+    k, v = (torch.randn(b, h_kv, s_k, dh, generator=g) for _ in range(2))
+    return [x.to(DEVICE, dtype) for x in (q, k, v)]
+
+
+def padding(b: int, s_k: int, left: int = 0, right: int = 0) -> torch.Tensor:
+    """Row 0 left-padded (its first queries see nothing under a causal mask), row 1 right-padded."""
+    kp = torch.ones(b, s_k, dtype=torch.bool)
+    kp[0, :left] = False
+    kp[1, s_k - right :] = False
+    return kp.to(DEVICE)
+
+
+def documents(b: int, s_k: int) -> torch.Tensor:
+    """Packed documents, with ``SHARED`` keys (seen by every document) in row 1."""
+    seg = torch.zeros(b, s_k, dtype=torch.long)
+    seg[0, s_k // 3 :] = 1
+    seg[0, 2 * s_k // 3 :] = 2
+    seg[1, :3] = SHARED
+    seg[1, s_k // 2 :] = 5
+    return seg.to(DEVICE)
+
+
+def t5(h: int, s_k: int, causal: bool, nb: int = 16, max_distance: int = 40, seed: int = 1):
+    table = torch.randn(nb, h, generator=torch.Generator().manual_seed(seed)) * 0.5
+    buckets = t5_bucket(torch.arange(-(s_k - 1), s_k), causal, nb, max_distance).to(torch.int32)
+    return {"bias_table": table.to(DEVICE), "bias_buckets": buckets.to(DEVICE)}
+
+
+def sparse_layout(pattern, s_q: int, s_k: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``layout`` of a real xfam pattern: the sparse engine's geometry, without global columns."""
+    geo = geometry(pattern, AttnMask(s_q, s_k, causal=causal), DEVICE)
+    assert not len(geo.g_pos)
+    return geo.idx, geo.ok[..., : geo.idx.shape[-1] * pattern.block]
+
+
+# -- the reference is xfam's semantics ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("s_q", "s_k", "causal", "window", "pad", "docs"),
+    [(30, 30, True, 9, (6, 0), False), (21, 40, False, None, (0, 7), True), (25, 44, True, 12, (0, 5), True)],
+)
+def test_reference_equals_vanilla_with_mask_and_alibi(s_q, s_k, causal, window, pad, docs):
+    q, k, v = qkv(2, 4, 2, s_q, s_k, 16)
+    kp, seg = padding(2, s_k, *pad), documents(2, s_k) if docs else None
+    mask = AttnMask(s_q, s_k, causal=causal, key_padding=kp, segments=seg, window=window)
+    bias = AlibiBias(4, 3).to(DEVICE)  # the last head has no bias
+    expected = reference_attention(q, k, v, mask, bias)
+    got = flash_attention_reference(
+        q, k, v, causal=causal, window=window, key_padding=kp, segments=seg, alibi_slopes=bias.slopes
+    )
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_equals_vanilla_with_t5_bias_and_its_gradient(causal):
+    s_q, s_k = 20, 34
+    q, k, v = qkv(2, 4, 4, s_q, s_k, 16)
+    bias = T5Bias(4, causal, num_buckets=16, max_distance=24).to(DEVICE)
+    with torch.no_grad():
+        bias.table.normal_(0, 0.5)
+    mask = AttnMask(s_q, s_k, causal=causal, key_padding=padding(2, s_k, 0, 4))
+    table = bias.table.detach().clone().requires_grad_()
+    buckets = t5_bucket(torch.arange(-(s_k - 1), s_k, device=DEVICE), causal, 16, 24)
+    expected = reference_attention(q, k, v, mask, bias)
+    got = flash_attention_reference(
+        q, k, v, causal=causal, key_padding=mask.key_padding, bias_table=table, bias_buckets=buckets
+    )
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    dout = torch.randn_like(got)
+    (expected_grad,) = torch.autograd.grad((expected * dout).sum(), bias.table)
+    (grad,) = torch.autograd.grad((got * dout).sum(), table)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_equals_adaptive_span_dense_path_and_its_gradient(causal):
+    s_q, s_k, ramp = 24, 40, 6.0
+    q, k, v = qkv(2, 4, 4, s_q, s_k, 16)
+    z = torch.tensor([0.5, 3.7, 11.2, 40.0], device=DEVICE, requires_grad=True)
+    mask = AttnMask(s_q, s_k, causal=causal, key_padding=padding(2, s_k, 9, 3))
+    expected = span_reference(q, k, v, z, ramp, mask)
+    got = flash_attention_reference(q, k, v, causal=causal, key_padding=mask.key_padding, span=z, span_ramp=ramp)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    dout = torch.randn_like(got)
+    (expected_grad,) = torch.autograd.grad((expected * dout).sum(), z)
+    (grad,) = torch.autograd.grad((got * dout).sum(), z)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-5)
+
+
+PATTERNS = {
+    "local": (lambda h, s_k, causal: WindowPattern(11, 8, causal), True),
+    "strided": (lambda h, s_k, causal: StridedPattern(6, "union", 8), True),
+    "bigbird": (
+        lambda h, s_k, causal: BigBirdPattern(
+            block=8, window=3, n_global=0, random=1, seed=3, layer=0, heads=h, causal=causal, k_len=s_k
+        ),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_reference_equals_sparse_engine_dense_path(name):
+    make, causal = PATTERNS[name]
+    s_q, s_k = 37, 45
+    pattern = make(4, s_k, causal)
+    q, k, v = qkv(2, 4, 2, s_q, s_k, 16)
+    kp = padding(2, s_k, 12, 3)
+    expected = dense_sparse_attention(q, k, v, pattern, AttnMask(s_q, s_k, causal=causal, key_padding=kp))
+    layout = sparse_layout(pattern, s_q, s_k, causal)
+    got = flash_attention_reference(q, k, v, causal=causal, key_padding=kp, layout=layout, block=pattern.block)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_document_id_is_xfams():
+    assert fa.SHARED == SHARED
+
+
+# -- the kernel equals the reference ------------------------------------------------------------------------
+
+
+def _bigbird(h: int, s_k: int) -> BigBirdPattern:
+    """Per-head random blocks (a layout with Hp = H), no global blocks (those are the caller's)."""
+    return BigBirdPattern(block=16, window=3, n_global=0, random=1, seed=0, layer=0, heads=h, causal=False, k_len=s_k)
+
+
+# name: (B, H, Hkv, Sq, Sk, Dh, feature kwargs builder)
+CASES = {
+    "causal_gqa_odd_length": (2, 4, 2, 45, 45, 32, lambda: {"causal": True}),
+    "bidirectional_prefix_padding": (2, 2, 2, 37, 53, 64, lambda: {"key_padding": padding(2, 53, 5, 9)}),
+    "causal_alibi_leftpad_gqa4_dh40": (
+        2, 4, 1, 40, 40, 40,
+        lambda: {"causal": True, "key_padding": padding(2, 40, 7, 0),
+                 "alibi_slopes": AlibiBias(4, 4).slopes.to(DEVICE)},
+    ),
+    "window_documents_prefix": (
+        2, 2, 1, 35, 61, 32,
+        lambda: {"causal": True, "window": 13, "segments": documents(2, 61), "key_padding": padding(2, 61, 0, 4)},
+    ),
+    "t5_bidirectional_window_gqa": (2, 2, 1, 50, 50, 32, lambda: {"window": 20, **t5(2, 50, False)}),
+    "t5_causal_prefix_scale": (1, 2, 2, 30, 62, 32, lambda: {"causal": True, "scale": 0.3, **t5(2, 62, True)}),
+    "span_causal_prefix_padding": (
+        2, 4, 2, 33, 57, 32,
+        lambda: {"causal": True, "key_padding": padding(2, 57, 30, 0), "span_ramp": 8.0,
+                 "span": torch.tensor([0.5, 4.3, 17.6, 60.0], device=DEVICE)},
+    ),
+    "span_t5_documents_bidirectional": (
+        2, 2, 1, 41, 41, 32,
+        lambda: {"segments": documents(2, 41), "span": torch.tensor([2.2, 9.5], device=DEVICE), "span_ramp": 5.0,
+                 **t5(2, 41, False)},
+    ),
+    "layout_local_causal_padding": (
+        2, 2, 1, 70, 70, 32,
+        lambda: {"causal": True, "key_padding": padding(2, 70, 20, 0), "block": 32,
+                 "layout": sparse_layout(WindowPattern(40, 32, True), 70, 70, True)},
+    ),
+    "layout_bigbird_per_head_alibi_gqa": (
+        1, 2, 1, 64, 64, 32,
+        lambda: {"alibi_slopes": AlibiBias(2, 2).slopes.to(DEVICE), "block": 16,
+                 "layout": sparse_layout(_bigbird(2, 64), 64, 64, False)},
+    ),
+    "layout_strided_prefix_gqa": (
+        1, 2, 1, 40, 72, 32,
+        lambda: {"causal": True, "block": 16, "layout": sparse_layout(StridedPattern(8, "union", 16), 40, 72, True)},
+    ),
+}  # fmt: skip
+HALF_CASES = ["causal_alibi_leftpad_gqa4_dh40", "t5_bidirectional_window_gqa", "span_causal_prefix_padding",
+              "layout_strided_prefix_gqa"]  # fmt: skip
+
+
+def check_parity(name: str, dtype: torch.dtype) -> None:
+    b, h, h_kv, s_q, s_k, dh, features = CASES[name]
+    kw = features()
+    q, k, v = qkv(b, h, h_kv, s_q, s_k, dh, dtype)
+    if name == "bidirectional_prefix_padding":  # strided inputs: [B, S, H, Dh] storage seen heads-first
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    learned = [n for n in ("bias_table", "span") if n in kw]
+    for n in learned:
+        kw[n] = kw[n].float().requires_grad_()
+    leaves = [x.requires_grad_() for x in (q, k, v)] + [kw[n] for n in learned]
+    ref_leaves = [x.detach().float().requires_grad_() for x in leaves]
+    ref_kw = {**kw, **dict(zip(learned, ref_leaves[3:]))}
+
+    out = flash_attention(q, k, v, **kw)
+    expected = flash_attention_reference(*ref_leaves[:3], **ref_kw)
+    assert out.dtype == dtype and out.shape == (b, h, s_q, dh)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad((out.float() * dout).sum(), leaves)
+    expected_grads = torch.autograd.grad((expected * dout).sum(), ref_leaves)
+
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
+    for label, got, want in zip(["dq", "dk", "dv", *learned], grads, expected_grads):
+        assert want.abs().max() > 0, f"{label}: the reference gradient is zero, the check would be empty"
+        scale = max(1.0, want.abs().max().item())  # bias / span gradients sum many pairs: relative to their size
+        torch.testing.assert_close(got.float(), want, atol=atol * scale, rtol=rtol, msg=lambda m, n=label: f"{n}: {m}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_equals_reference_fp32(name):
+    check_parity(name, torch.float32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", HALF_CASES)
+def test_kernel_equals_reference_fp16(name):
+    check_parity(name, torch.float16)
+
+
+@needs_kernel
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="bf16 arithmetic is wrong in Triton's interpreter: CUDA only")
+@pytest.mark.parametrize("name", HALF_CASES)
+def test_kernel_equals_reference_bf16(name):
+    check_parity(name, torch.bfloat16)
+
+
+# -- work skipping and errors -------------------------------------------------------------------------------
+
+
+def _unlisted_block_layout() -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query block of 64 positions (block 16) visits key blocks 1..3 only: block 0 is never listed."""
+    idx = torch.tensor([1, 2, 3], device=DEVICE).expand(1, 4, 3).contiguous()
+    return idx, torch.ones(1, 4, 16, 48, dtype=torch.bool, device=DEVICE)
+
+
+SKIP_CASES = {  # (Sq, Sk, n, kwargs): keys 0..n-1 lie in key blocks nobody may see (for tiles up to 128)
+    "causal_window": (32, 224, 128, lambda: {"causal": True, "window": 9}),
+    "span_bidirectional": (
+        32, 224, 128, lambda: {"span": torch.tensor([2.5, 6.0], device=DEVICE), "span_ramp": 4.0}
+    ),
+    "layout": (64, 64, 16, lambda: {"layout": _unlisted_block_layout(), "block": 16}),
+}  # fmt: skip
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", list(SKIP_CASES))
+def test_invisible_key_blocks_are_never_read(name):
+    """NaN in the invisible keys and values would reach the output (0 * NaN) and gradients if a tile read
+    them; the loop bounds (or the layout) must skip their blocks in the forward and both backward kernels."""
+    s_q, s_k, n, features = SKIP_CASES[name]
+    kw = features()
+    q, k, v = qkv(1, 2, 1, s_q, s_k, 32)
+    clean = [x.clone().requires_grad_() for x in (q, k, v)]
+    k[:, :, :n], v[:, :, :n] = float("nan"), float("nan")
+    poisoned = [x.requires_grad_() for x in (q, k, v)]
+    out = flash_attention(*poisoned, **kw)
+    grads = torch.autograd.grad(out.sum(), poisoned)
+    expected = flash_attention_reference(*clean, **kw)
+    expected_grads = torch.autograd.grad(expected.sum(), clean)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # dk, dv: exactly 0 on the invisible keys
+
+
+def test_clear_error_where_the_kernel_cannot_run(monkeypatch):
+    monkeypatch.setattr(runtime, "interpreting", lambda: False)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    with pytest.raises(RuntimeError, match="flash_attention: .*(TRITON_INTERPRET|not installed)"):
+        flash_attention(q, k, v)
+
+
+@needs_kernel
+def test_invalid_inputs_are_all_named_before_launch():
+    q, k, v = qkv(2, 3, 2, 8, 6, 16)
+    with pytest.raises(ValueError) as err:
+        flash_attention(q, k, v, window=0, alibi_slopes=torch.ones(2, device=DEVICE), bias_table=torch.ones(4, 3))
+    msg = str(err.value)
+    for part in ("must divide", "Sk (6) must be >= Sq (8)", "window=0", "alibi_slopes must be [H]", "go together"):
+        assert part in msg, (part, msg)
+
+
+def test_default_scale_is_inverse_sqrt_head_dim():
+    q, k, v = qkv(1, 2, 2, 5, 5, 16)
+    torch.testing.assert_close(
+        flash_attention_reference(q, k, v), flash_attention_reference(q, k, v, scale=1 / math.sqrt(16))
+    )
