@@ -98,7 +98,8 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
 
 
 def check_machine(cfg: Mapping[str, Any]) -> None:
-    """Refuse a trainer this machine cannot run (no GPU for ``trainer=gpu/ddp/fsdp``), in one message.
+    """Refuse a trainer this machine cannot run (no GPU for ``trainer=gpu/ddp/fsdp``), or a Triton backend
+    it cannot run (``backend=triton`` without CUDA or ``TRITON_INTERPRET=1``), in one message.
 
     Kept apart from ``validate``, which judges the config alone: a config meant for a GPU node is
     valid on a laptop or a SLURM login node, and is checked where it runs."""
@@ -120,6 +121,33 @@ def check_machine(cfg: Mapping[str, Any]) -> None:
             f"trainer.accelerator={accelerator!r} (trainer=gpu / ddp) needs a GPU, and {where}. "
             "Fix: on CPU use trainer=cpu (or trainer=ddp_cpu for 2 processes), or run it on a GPU machine."
         )
+    triton = [
+        path for path, value in _settings(cfg, ("attention", "pos")) if path.endswith("backend") and value == "triton"
+    ]
+    if triton:
+        from xfam.kernels.runtime import why_not
+
+        if (why := why_not(torch.device("cuda" if cuda else "cpu"))) is not None:
+            raise ConfigError(f"{', '.join(t + '=triton' for t in triton)}: {why}")
+
+
+def _settings(cfg: Mapping[str, Any], sections: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf under ``sections`` (per-layer and per-head entries included)."""
+    out: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}", value)
+        elif isinstance(node, list | tuple):
+            for i, value in enumerate(node):
+                walk(f"{prefix}.{i}", value)
+        else:
+            out.append((prefix, node))
+
+    for section in sections:
+        walk(section, cfg.get(section, {}))
+    return out
 
 
 def resolve_streams(cfg: Mapping[str, Any]) -> tuple[bool, str]:

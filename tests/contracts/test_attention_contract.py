@@ -40,7 +40,9 @@ def variants() -> list[tuple[str, dict]]:
     for name in xfam_components(ATTENTION):
         cls = ATTENTION.get(name)
         if "backend" in signature_params(cls):
-            out += [(name, {"backend": b}) for b in cls.backends]
+            # (the Triton path runs in the slow interpreter here and tiles blocks >= 16: its parity with the
+            # reference path, per mechanism, is tests/kernels/test_dispatch.py)
+            out += [(name, {"backend": b}) for b in cls.backends if b != "triton"]
         else:
             out.append((name, {}))
     return out

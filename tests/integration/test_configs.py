@@ -119,7 +119,7 @@ def test_fsdp_and_gpu_trainers_compose_for_gpus() -> None:
         (["attention.backend=flash"], ["attention.backend='flash': must be one of 'auto', 'sdpa', 'torch'"]),
         (["-m", "pos=rope,alibbi"], ["Did you mean 'alibi'"]),
         (["pos=alibi", "pos.num_heads=9"], ["num_heads=9 exceeds model.heads=4"]),
-        (["pos.num_heads=2"], ["pos: unknown key 'num_heads'", "Valid keys: base"]),
+        (["pos.num_heads=2"], ["pos: unknown key 'num_heads'", "Valid keys: backend, base"]),
     ],
 )
 def test_precheck_names_the_problem_and_the_fix(args: list[str], expected: list[str]) -> None:

@@ -28,6 +28,8 @@ Paths (``backend``):
   enters as ``log m`` added to the scores (``softmax(s + log m)`` is the renormalised formula);
   ``x`` is the same for every query block of a band, so a static mask is one ``[H, b, K*b]`` tile.
 * ``dense``: the formula literally over ``Sq x Sk`` (``m * exp(s)``, renormalised), the reference.
+* ``triton`` (static spans, ``auto`` on CUDA): the flash kernel with the soft mask in-kernel
+  (``xfam.attention.fused``): its loops stop at the largest reach, and it returns d z_h itself.
 
 The span is stored, as in the authors' code, as a ratio in ``[0, 1]`` times ``S`` (so an optimiser
 moves it by a fraction of S per step) and projected back onto ``[0, 1]`` after each update; here
@@ -46,11 +48,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xfam.attention import fused
 from xfam.attention.base import ATTENTION, AttentionMechanism, expand_kv
 from xfam.attention.local import WindowPattern
 from xfam.attention.mask import AttnMask
 from xfam.attention.sparse.engine import _additive, _batch_ok, _blocks, _keys, _pairs, _softmax, geometry
-from xfam.logs import log_once
 from xfam.pos.base import ScoreBias, ScoreModifier
 from xfam.registry import NonNegative, Positive, Probability, Range
 
@@ -165,14 +167,15 @@ class AdaptiveSpan(AttentionMechanism):
         span_loss: coefficient of the L1 span penalty per layer (the paper's lambda, 2e-6 on enwik8).
         dynamic: predict the span of each query from it, ``z_t = S sigmoid(v . q_t + b)``.
         block: tile size of the banded fast path (speed only; the result does not depend on it).
-        backend: ``auto`` (the banded block path), ``block`` or ``dense`` (the reference).
+        backend: ``auto`` (the flash kernel on CUDA for static spans, else the banded block path),
+            ``block``, ``dense`` (the reference) or ``triton`` (static spans).
         dropout: dropout on the attention probabilities.
     """
 
     paper = "Sukhbaatar et al., 2019, arXiv:1905.07799"
 
     aux_loss = True
-    backends = ("block", "dense")
+    backends = ("block", "dense", "triton")
 
     def __init__(
         self,
@@ -186,7 +189,7 @@ class AdaptiveSpan(AttentionMechanism):
         span_loss: Annotated[float, NonNegative] = 2e-6,
         dynamic: bool = False,
         block: Annotated[int, Positive] = 64,
-        backend: Literal["auto", "block", "dense"] = "auto",
+        backend: Literal["auto", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         super().__init__()
@@ -244,10 +247,12 @@ class AdaptiveSpan(AttentionMechanism):
         z, z_max = self.spans(q)
         self._aux = {"span": self.span_loss * z.mean()}
         p = self.dropout if self.training else 0.0
-        if self.backend == "dense":
+        dynamic = "per-query (dynamic) spans" if self.dynamic else None
+        path = fused.choose("adaptive_span", self.backend, "block", q, mask, bias, p, modifier, dynamic)
+        if path == "dense":
             return span_reference(q, k, v, z, self.ramp, mask, bias, p)
-        if self.backend == "auto":
-            log_once("attention=adaptive_span backend=auto: banded block path trimmed to the largest span")
+        if path == "triton":  # the soft mask in-kernel; keys beyond the largest reach are never visited
+            return fused.flash(q, k, v, mask, bias, span=z, span_ramp=float(self.ramp))
         pattern = self._pattern(self.window(z_max, mask.k_len), mask.causal)
         return span_band_attention(q, k, v, z, self.ramp, pattern, mask, bias, p)
 

@@ -123,7 +123,8 @@ class BigBird(SparseMechanism):
         global_blocks: g, blocks made global (ITC: first and last; causal: the first g).
         random_blocks: r, random key blocks per query block (and head).
         seed: with the injected layer index, fixes the random blocks.
-        backend: ``auto`` (the block engine), ``block`` or ``dense`` (the reference).
+        backend: ``auto`` (the flash kernel on CUDA, else the block engine), ``block``, ``dense`` (the
+            reference) or ``triton``.
         dropout: dropout on the attention probabilities.
     """
 
@@ -141,7 +142,7 @@ class BigBird(SparseMechanism):
         global_blocks: Annotated[int, NonNegative] = 2,
         random_blocks: Annotated[int, NonNegative] = 3,
         seed: int = 0,
-        backend: Literal["auto", "block", "dense"] = "auto",
+        backend: Literal["auto", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         spec = {"block": block, "window": window_blocks, "n_global": global_blocks, "random": random_blocks}

@@ -30,8 +30,7 @@ from torch import Tensor
 from xfam.attention.base import ATTENTION
 from xfam.attention.factorized import layout_from_blocks
 from xfam.attention.mask import AttnMask
-from xfam.attention.sparse import SparseMechanism, SparsePattern, block_sparse_attention, dense_sparse_attention
-from xfam.logs import log_once
+from xfam.attention.sparse import SparseMechanism, SparsePattern
 from xfam.pos.base import ScoreBias, ScoreModifier
 from xfam.registry import Positive, Probability
 
@@ -94,7 +93,8 @@ class Blockwise(SparseMechanism):
         shifts: one cyclic shift s per head, pi(i) = (i + s) mod n (0 = identity); null = the
             paper's assignment (module docstring).
         permutations: one permutation of 0..n-1 per head (overrides the shifts).
-        backend: ``auto`` (the block engine) | ``block`` | ``dense`` (the reference).
+        backend: ``auto`` (the flash kernel on CUDA, else the block engine) | ``block`` | ``dense`` (the
+            reference) | ``triton``.
         dropout: dropout on the attention probabilities.
     """
 
@@ -109,7 +109,7 @@ class Blockwise(SparseMechanism):
         n_blocks: Annotated[int, Positive] = 2,
         shifts: list[int] | None = None,
         permutations: list[list[int]] | None = None,
-        backend: Literal["auto", "block", "dense"] = "auto",
+        backend: Literal["auto", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         super().__init__(pattern=None, backend=backend, dropout=dropout)  # type: ignore[arg-type]
@@ -129,13 +129,7 @@ class Blockwise(SparseMechanism):
             if len(self._patterns) >= 8:
                 self._patterns.pop(next(iter(self._patterns)))
             self._patterns[mask.k_len] = BlockPermutationPattern(self.perms, mask.k_len)
-        pattern = self._patterns[mask.k_len]
-        p = self.dropout if self.training else 0.0
-        if self.backend == "dense":
-            return dense_sparse_attention(q, k, v, pattern, mask, bias, p)
-        if self.backend == "auto":
-            log_once("attention=blockwise backend=auto: block engine")
-        return block_sparse_attention(q, k, v, pattern, mask, bias, p)
+        return self.attend(self._patterns[mask.k_len], q, k, v, mask, bias, modifier)
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:

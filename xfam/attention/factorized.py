@@ -43,8 +43,7 @@ from torch import Tensor
 
 from xfam.attention.base import expand_kv
 from xfam.attention.mask import AttnMask, same_document
-from xfam.attention.sparse import SparseMechanism, SparsePattern, block_sparse_attention, dense_sparse_attention
-from xfam.logs import log_once
+from xfam.attention.sparse import SparseMechanism, SparsePattern
 from xfam.pos.base import ScoreBias, ScoreModifier
 
 Part = Literal[1, 2, "union"]
@@ -383,7 +382,7 @@ class FactorizedMechanism(SparseMechanism):
     """A mechanism on a ``FactorizedPattern``: the factorised path, the engine's block path or its
     dense reference (``backend``)."""
 
-    backends: ClassVar[tuple[str, ...]] = ("factorized", "block", "dense")
+    backends: ClassVar[tuple[str, ...]] = ("factorized", "block", "dense", "triton")
 
     def forward(
         self,
@@ -394,13 +393,9 @@ class FactorizedMechanism(SparseMechanism):
         bias: ScoreBias | None = None,
         modifier: ScoreModifier | None = None,
     ) -> Tensor:
-        p = self.dropout if self.training else 0.0
-        path = self.backend
-        if path == "auto":
-            path = "factorized"
-            log_once(f"attention={self.registry_name} backend=auto: factorized path")
-        if path == "factorized":
-            return factorized_attention(q, k, v, self.pattern, mask, bias, p)
-        if path == "block":
-            return block_sparse_attention(q, k, v, self.pattern, mask, bias, p)
-        return dense_sparse_attention(q, k, v, self.pattern, mask, bias, p)
+        return self.attend(self.pattern, q, k, v, mask, bias, modifier, fallback="factorized")
+
+    def fast_path(
+        self, path: str, pattern: SparsePattern, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, bias: Any, p: float
+    ) -> Tensor:
+        return factorized_attention(q, k, v, pattern, mask, bias, p)

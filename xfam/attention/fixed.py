@@ -100,7 +100,7 @@ class Fixed(FactorizedMechanism):
         part: which subset this head (or layer) uses: ``1`` (A(1)), ``2`` (A(2)) or ``union``
             (both merged into one head). Vary it with ``per_layer`` / ``per_head``.
         block: tile of the block engine (speed only).
-        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` (see ``xfam.attention.factorized``).
+        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` | ``triton`` (see ``xfam.attention.factorized``).
         dropout: dropout on the attention probabilities.
     """
 
@@ -113,7 +113,7 @@ class Fixed(FactorizedMechanism):
         summary: Annotated[int, Positive] = 16,
         part: Part = "union",
         block: Annotated[int, Positive] = 64,
-        backend: Literal["auto", "factorized", "block", "dense"] = "auto",
+        backend: Literal["auto", "factorized", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         super().__init__(pattern=FixedPattern(stride, summary, part, block), backend=backend, dropout=dropout)

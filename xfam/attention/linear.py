@@ -33,6 +33,8 @@ from torch import Tensor
 
 from xfam.attention.base import AttentionMechanism, DecodeState, expand_kv
 from xfam.attention.mask import AttnMask
+from xfam.errors import ConfigError
+from xfam.kernels import runtime
 from xfam.logs import log_once
 from xfam.pos.base import POS, ScoreBias, ScoreModifier
 
@@ -184,6 +186,7 @@ def causal_sums(
     state: DecodeState | None = None,
     chunk: int = 64,
     stabilise: bool = True,
+    kernel: bool = False,
 ) -> tuple[Tensor, Tensor, DecodeState]:
     """Chunked causal numerators ``[B, H, Sq, Dh]`` and denominators ``[B, H, Sq]``, and the new state.
 
@@ -191,7 +194,9 @@ def causal_sums(
     ``ls [B, H, T]`` key log-scales; ``ld [B|1, H|1, T]`` log-decays (<= 0) applied when moving to position t;
     ``keep [B, T]`` False for padded keys; ``doc [B, T]`` document numbers, ``doc0 [B]`` the document of the
     state's last key; ``state`` the running sums of earlier keys. The key scales exp(ls_t - M_t) never touch
-    the ``[T, m]`` features: they ride on the small weights (W, wk) of ``ChunkedPrefix``.
+    the ``[T, m]`` features: they ride on the small weights (W, wk) of ``ChunkedPrefix``. ``kernel``: the
+    fused Triton kernel instead (``kernels/linear_attention.py``: the same recurrence, a document start as a
+    reset of the decay).
     """
     b, h, t, m = fk.shape
     sq, dv, c = fq.shape[2], v.shape[-1], min(chunk, t)  # a chunk longer than T is one chunk
@@ -211,6 +216,8 @@ def causal_sums(
     if keep is not None:
         lk = lk.masked_fill(~keep[:, None], float("-inf"))  # a padded key weighs 0
     v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1)  # [B, H, T, Dh + 1]: the last column gives z
+    if kernel:
+        return _kernel_sums(fq, fk, v1, la, lk, doc, doc0, state, chunk, big[..., -1])
     n = -(-t // c)
     pad = n * c - t
     qf = F.pad(fq, (0, 0, t - sq, pad)) if pad or t != sq else fq  # queries aligned with their keys
@@ -234,6 +241,35 @@ def causal_sums(
     out, s = ChunkedPrefix.apply(qc, kc, vc, torch.exp(e), wk, carry.expand(b, h, n), qa.expand(b, h, n, c), s0)
     out = out.view(b, h, n * c, dv + 1)[:, :, t - sq : t]
     return out[..., :dv], out[..., dv], {"s": s[..., :dv], "z": s[..., dv], "m": big[..., -1]}
+
+
+def _kernel_sums(
+    fq: Tensor,
+    fk: Tensor,
+    v1: Tensor,
+    la: Tensor,
+    lk: Tensor,
+    doc: Tensor | None,
+    doc0: Tensor | None,
+    state: DecodeState | None,
+    chunk: int,
+    m_last: Tensor,
+) -> tuple[Tensor, Tensor, DecodeState]:
+    """``causal_sums`` through the Triton kernel: documents become resets of the decay (log a = -inf at a
+    document's first key), the queries are aligned with their keys."""
+    from xfam.kernels.linear_attention import causal_linear_attention  # imported on first use
+
+    b, t = fk.shape[0], fk.shape[2]
+    sq, dv = fq.shape[2], v1.shape[-1] - 1
+    if doc is not None:
+        before = torch.cat(((doc0 if doc0 is not None else doc[:, 0]).view(b, 1), doc[:, :-1]), dim=1)  # [B, T]
+        la = la.masked_fill((doc != before)[:, None], float("-inf"))
+    qf = F.pad(fq, (0, 0, t - sq, 0)) if t != sq else fq  # [B, H, T, m]
+    s0 = None if state is None else torch.cat((state["s"], state["z"][..., None]), -1).float()
+    out, s = causal_linear_attention(qf, fk, v1, la, lk, s0, chunk=chunk)
+    out = out[:, :, t - sq :]  # [B, H, Sq, Dh + 1]
+    s = s.to(v1.dtype)
+    return out[..., :dv], out[..., dv], {"s": s[..., :dv], "z": s[..., dv], "m": m_last}
 
 
 def bidirectional_sums(
@@ -322,7 +358,7 @@ class KernelAttention(AttentionMechanism):
     hosts_modifiers = False
     accepts_bias = True  # only a distance decay lambda_h^|i-j| on the chunked path (see ``refusals``)
     shared_keys = False  # its prefix sums restart at every change of document id (``doc_index``)
-    backends: ClassVar[tuple[str, ...]] = ("chunked", "quadratic")
+    backends: ClassVar[tuple[str, ...]] = ("chunked", "quadratic", "triton")
 
     def __init__(self, *, rows: int, head_dim: int, features: str, redraw_every: int | None, chunk: int, backend: str):
         super().__init__()
@@ -370,6 +406,11 @@ class KernelAttention(AttentionMechanism):
         name, blockers = self.registry_name, self._chunked_blockers(mask, bias)
         if self.backend == "quadratic":
             return "quadratic"
+        if self.backend == "triton" and blockers:
+            raise ConfigError(
+                f"attention={name} backend=triton runs the chunked causal path in a kernel, and this call needs "
+                f"the quadratic path for {' and '.join(blockers)}. Fix: attention.backend=auto."
+            )
         if not blockers:
             log_once(f"attention={name} backend={self.backend}: chunked linear-attention path")
             return "chunked"
@@ -410,8 +451,23 @@ class KernelAttention(AttentionMechanism):
         ld = self._bias_decay(ld, bias, fq)
         if not mask.causal:  # ld: the bias's per-head rate only (RFA's gate is causal-only)
             return finish(*bidirectional_sums(fq, fk, v, ls, keep, doc, self.chunk, ld), v_self)
-        num, den, _ = causal_sums(fq, fk, v, ls, ld, keep, doc, None, None, self.chunk)
+        kernel = self._kernel(fq)
+        num, den, _ = causal_sums(fq, fk, v, ls, ld, keep, doc, None, None, self.chunk, kernel=kernel)
         return finish(num, den, v_self)
+
+    def _kernel(self, fq: Tensor) -> bool:
+        """Whether the causal chunked path runs as the Triton kernel (``backend=triton``; ``auto``: on CUDA)."""
+        c, name = self.chunk, self.registry_name
+        why = None if c >= 16 and c & (c - 1) == 0 else f"chunk={c} (the kernel takes powers of two >= 16)"
+        why = why or runtime.why_not(fq.device)
+        if self.backend == "triton":
+            if why is not None:
+                raise ConfigError(f"attention={name} backend=triton: {why}. Fix: attention.backend=auto.")
+            return True
+        if self.backend == "auto" and fq.device.type == "cuda" and why is None:
+            log_once(f"attention={name} backend=auto: Triton chunked linear-attention kernel (CUDA)")
+            return True
+        return False
 
     def _gate(self, k: Tensor, heads: int) -> tuple[Tensor | None, Tensor | None]:
         """Key log-scales and log-decays ``[B, H, Sk]`` of a learned gate (RFA-Gate), for the exact path."""
@@ -445,6 +501,12 @@ class KernelAttention(AttentionMechanism):
     # -- validation -------------------------------------------------------------------------------
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        if params.get("backend") == "triton" and (not selection.causal or params.get("features") == "exact"):
+            return [
+                f"attention={cls.registry_name} backend=triton is the causal chunked path as a kernel; this model "
+                f"{'is bidirectional' if not selection.causal else 'uses features=exact (quadratic)'}. "
+                f"Fix: attention.backend=auto."
+            ]
         pos = selection.pos[0]
         if pos.kind != "bias" or params.get("features") == "exact":
             return []

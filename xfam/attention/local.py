@@ -63,7 +63,8 @@ class Local(SparseMechanism):
         query_block / memory: the ``block`` mode's query block length and look-back.
         block: tile size of the block engine (speed only; the result does not depend on it); null:
             ``auto_block`` of the reach (window, or query_block + memory).
-        backend: ``auto`` (the block engine), ``block`` or ``dense`` (the reference).
+        backend: ``auto`` (the flash kernel on CUDA, else the block engine), ``block``, ``dense`` (the
+            reference) or ``triton``.
         dropout: dropout on the attention probabilities.
     """
 
@@ -79,7 +80,7 @@ class Local(SparseMechanism):
         query_block: Annotated[int, Positive] = 128,
         memory: Annotated[int, NonNegative] = 128,
         block: Annotated[int, Positive] | None = None,
-        backend: Literal["auto", "block", "dense"] = "auto",
+        backend: Literal["auto", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         if mode == "window":

@@ -86,7 +86,8 @@ class Longformer(SparseMechanism):
             key indices of the whole input, counted from its first token.
         block: tile of the block engine (speed only; the result does not depend on it); null:
             ``auto_block`` of the window's reach.
-        backend: ``auto`` (the block engine), ``block`` or ``dense`` (the reference).
+        backend: ``auto`` (the flash kernel on CUDA, else the block engine), ``block``, ``dense`` (the
+            reference) or ``triton``.
         dropout: dropout on the attention probabilities.
     """
 
@@ -101,7 +102,7 @@ class Longformer(SparseMechanism):
         dilation: Annotated[int, Positive] | tuple[Annotated[int, Positive], ...] = 1,
         global_tokens: tuple[Annotated[int, NonNegative], ...] = (0,),
         block: Annotated[int, Positive] | None = None,
-        backend: Literal["auto", "block", "dense"] = "auto",
+        backend: Literal["auto", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         per_head = (dilation,) if isinstance(dilation, int) else tuple(dilation)

@@ -50,9 +50,10 @@ class Performer(KernelAttention):
             itself, quadratic: the m -> infinity limit, for tests and as a reference).
         redraw_every: draw new features every this many training steps (null: never redraw).
         chunk: C, the chunk length of the causal prefix sums (speed only; the result does not depend on it).
-        backend: ``auto`` (chunked linear attention; the quadratic path only for what it cannot do:
-            a window mask, a bias that is not a causal decay), ``chunked``, or ``quadratic`` (the
-            reference: the same estimator with the L x L weights written out).
+        backend: ``auto`` (chunked linear attention, causal as the Triton kernel on CUDA; the quadratic
+            path only for what it cannot do: a window mask, a bias that is not a causal decay),
+            ``chunked``, ``quadratic`` (the reference: the same estimator with the L x L weights written
+            out), or ``triton`` (the causal chunked path as the Triton kernel).
     """
 
     paper = "Choromanski et al., ICLR 2021, arXiv:2009.14794"
@@ -65,7 +66,7 @@ class Performer(KernelAttention):
         features: Literal["orthogonal", "iid", "exact"] = "orthogonal",
         redraw_every: Annotated[int, Positive] | None = 1000,
         chunk: Annotated[int, Positive] = 64,
-        backend: Literal["auto", "chunked", "quadratic"] = "auto",
+        backend: Literal["auto", "chunked", "quadratic", "triton"] = "auto",
     ):
         super().__init__(
             rows=num_features,

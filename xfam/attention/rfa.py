@@ -86,7 +86,7 @@ class RFA(KernelAttention):
             ``exact`` (the kernel itself, quadratic).
         redraw_every: draw new random vectors every this many training steps (null: never).
         chunk: chunk length of the causal prefix sums (speed only).
-        backend: ``auto`` | ``chunked`` | ``quadratic`` (see ``performer``).
+        backend: ``auto`` | ``chunked`` | ``quadratic`` | ``triton`` (see ``performer``).
     """
 
     paper = "Peng et al., ICLR 2021, arXiv:2103.02143"
@@ -104,7 +104,7 @@ class RFA(KernelAttention):
         features: Literal["iid", "orthogonal", "exact"] = "iid",
         redraw_every: Annotated[int, Positive] | None = 1,
         chunk: Annotated[int, Positive] = 64,
-        backend: Literal["auto", "chunked", "quadratic"] = "auto",
+        backend: Literal["auto", "chunked", "quadratic", "triton"] = "auto",
     ):
         super().__init__(
             rows=num_features,

@@ -105,7 +105,7 @@ class Strided(FactorizedMechanism):
         part: which subset this head (or layer) uses: ``1`` (A(1)), ``2`` (A(2)) or ``union``
             (both merged into one head). Vary it with ``per_layer`` / ``per_head``.
         block: query block of the band factor and tile of the block engine (speed only).
-        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` (see ``xfam.attention.factorized``).
+        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` | ``triton`` (see ``xfam.attention.factorized``).
         dropout: dropout on the attention probabilities.
     """
 
@@ -117,7 +117,7 @@ class Strided(FactorizedMechanism):
         stride: Annotated[int, Positive] = 128,
         part: Part = "union",
         block: Annotated[int, Positive] = 64,
-        backend: Literal["auto", "factorized", "block", "dense"] = "auto",
+        backend: Literal["auto", "factorized", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         super().__init__(pattern=StridedPattern(stride, part, block), backend=backend, dropout=dropout)

@@ -1,13 +1,16 @@
 """Dense scaled dot-product attention (Vaswani et al., 2017): softmax(q k^T / sqrt(Dh) + b) v.
 
-Two paths behind ``backend``:
+Three paths behind ``backend``:
 
 * ``sdpa`` -- ``torch.nn.functional.scaled_dot_product_attention`` (flash/memory-efficient
   kernels; grouped-query heads natively). Takes the mask as a causal flag when it is plainly
   causal, else as one additive tensor that folds in the score bias.
 * ``torch`` -- the einsum reference: explicit scores, so it can host score modifiers.
+* ``triton`` -- xfam's fused flash kernel (``xfam.attention.fused``): masks, ALiBi and T5 biases
+  in-kernel, so a biased or windowed call never materialises an ``Sq x Sk`` tensor.
 
-``auto`` uses sdpa unless a score modifier needs explicit scores; the choice is logged once.
+``auto`` takes the Triton kernel on CUDA for the calls it computes exactly, else sdpa, or torch when a
+score modifier needs explicit scores; the choice is logged once.
 
 Persistent keys (``mask.persistent``, ``model.num_mem_kv``) take part in the softmax like any key, with
 no position: a score bias is zero on them (``additive_mask``) and a score modifier acts on the other
@@ -23,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from xfam.attention import fused
 from xfam.attention.base import ATTENTION, AttentionMechanism, additive_mask, expand_kv
 from xfam.attention.mask import AttnMask
-from xfam.logs import log_once
 from xfam.pos.base import ScoreBias, ScoreModifier
 from xfam.registry import Probability
 
@@ -63,7 +66,7 @@ class Vanilla(AttentionMechanism):
     """Full softmax attention over all visible keys.
 
     Args:
-        backend: ``auto`` | ``sdpa`` | ``torch`` (see the module docstring).
+        backend: ``auto`` | ``sdpa`` | ``torch`` | ``triton`` (see the module docstring).
         dropout: dropout on the attention probabilities (training only).
     """
 
@@ -71,12 +74,12 @@ class Vanilla(AttentionMechanism):
 
     hosts_modifiers = True
     accepts_persistent_kv = True
-    backends = ("sdpa", "torch")
+    backends = ("sdpa", "torch", "triton")
 
     def __init__(
         self,
         *,
-        backend: Literal["auto", "sdpa", "torch"] = "auto",
+        backend: Literal["auto", "sdpa", "torch", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
         super().__init__()
@@ -92,7 +95,11 @@ class Vanilla(AttentionMechanism):
         modifier: ScoreModifier | None = None,
     ) -> Tensor:
         p = self.dropout if self.training else 0.0
-        if self._path(modifier) == "torch":
+        fallback = "torch" if modifier is not None else "sdpa"
+        path = fused.choose("vanilla", self.backend, fallback, q, mask, bias, p, modifier)
+        if path == "triton":
+            return fused.flash(q, k, v, mask, bias)
+        if path == "torch":
             return reference_attention(q, k, v, mask, bias, modifier, p)
         if mask.is_plain_causal and bias is None:
             attn_mask, is_causal = None, True
@@ -102,20 +109,17 @@ class Vanilla(AttentionMechanism):
             q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal, enable_gqa=k.shape[1] != q.shape[1]
         )
 
-    def _path(self, modifier: ScoreModifier | None) -> str:
-        if self.backend != "auto":
-            return self.backend
-        if modifier is not None:
-            log_once("attention=vanilla backend=auto: torch reference path (a score modifier needs explicit scores)")
-            return "torch"
-        log_once("attention=vanilla backend=auto: sdpa path")
-        return "sdpa"
-
     @classmethod
     def refusals(cls, params: dict, selection: Any) -> list[str]:
-        if params.get("backend") == "sdpa" and selection.pos[0].kind == "modifier":
-            return [
-                f"attention=vanilla backend=sdpa cannot host pos={selection.pos[0].registry_name} (sdpa never "
-                f"materialises scores). Fix: attention.backend=auto or attention.backend=torch."
-            ]
-        return []
+        backend, out = params.get("backend"), []
+        if backend in ("sdpa", "triton") and selection.pos[0].kind == "modifier":
+            out.append(
+                f"attention=vanilla backend={backend} cannot host pos={selection.pos[0].registry_name} "
+                f"({backend} never materialises scores). Fix: attention.backend=auto or attention.backend=torch."
+            )
+        if backend == "triton" and params.get("dropout"):
+            out.append(
+                "attention=vanilla backend=triton: the Triton kernel has no attention dropout. "
+                "Fix: attention.dropout=0, or attention.backend=auto (sdpa while dropout is on)."
+            )
+        return out

@@ -38,7 +38,9 @@ class ScoreBias(nn.Module):
 
     (a) ``dense(mask)``: ``[1, H, Sq, Sk]`` for reference paths (memoised per forward);
     (b) ``pairs(q_pos, k_pos)``: values on gathered index pairs for sparse/bucketed paths;
-    (c) ``kernel_params()``: a parametric description a fused kernel can evaluate in-kernel;
+    (c) ``kernel_params()``: a parametric description the fused kernel evaluates in-kernel
+        (``xfam.attention.fused``): ``{"kind": "alibi", "slopes": [H]}`` or ``{"kind": "table",
+        "table": [NB, H], "bucket": distances qpos - kpos -> bucket ids}``;
     (d) ``decay()``: per-head rates lambda_h with exp(b[h,i,j]) = lambda_h ** |i - j| on every pair,
         when the bias is a pure, symmetric distance decay (lets kernelised attention host it: causal,
         one decayed prefix sum; bidirectional, a forward plus a backward one).
@@ -94,6 +96,14 @@ class _HeadSlice(ScoreBias):
     def decay(self) -> Tensor | None:
         d = self.parent.decay()
         return None if d is None else d[self.start : self.stop]
+
+    def kernel_params(self) -> dict[str, Any] | None:
+        params = self.parent.kernel_params()
+        if params is None or params["kind"] not in ("alibi", "table"):
+            return None
+        if params["kind"] == "alibi":
+            return {**params, "slopes": params["slopes"][self.start : self.stop]}
+        return {**params, "table": params["table"][:, self.start : self.stop]}
 
 
 class ScoreModifier(nn.Module):

@@ -18,17 +18,22 @@ grows for keys ahead of the query, so xPos is causal-only (as in the paper and x
 The scale is taken from position 0 (not re-centred per call) so cached keys keep their scale;
 zeta_0^(p / gamma) stays within float range only up to ``xpos_max_position`` (about 70 gamma in
 fp32/bf16, 9 gamma in fp16), past which positions are refused with that message.
+
+``backend``: ``torch`` (four elementwise passes), ``triton`` (one fused pass, ``kernels/rope.py``: reads x
+once, writes once, backward = the inverse rotation), ``auto`` (the kernel on CUDA, PyTorch elsewhere).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor
 
 from xfam.errors import ConfigError
+from xfam.kernels import runtime
+from xfam.logs import log_once
 from xfam.pos.base import POS, PositionalEncoding
 from xfam.registry import Positive, Range
 
@@ -44,6 +49,7 @@ class Rope(PositionalEncoding):
         interpolation: position interpolation factor s >= 1 (positions / s); 1: none.
         xpos: also scale q by zeta^(n/gamma) and k by zeta^(-m/gamma) (xPos; causal models only).
         xpos_scale_base: gamma, positions per unit of the xPos exponent (512 in the paper).
+        backend: ``auto`` (the fused Triton rotation on CUDA), ``torch`` or ``triton``.
     """
 
     paper = "Su et al., 2021, RoFormer, arXiv:2104.09864"
@@ -60,6 +66,7 @@ class Rope(PositionalEncoding):
         interpolation: Annotated[float, Range(ge=1.0)] = 1.0,
         xpos: bool = False,
         xpos_scale_base: Annotated[float, Positive] = 512.0,
+        backend: Literal["auto", "torch", "triton"] = "auto",
     ):
         super().__init__()
         r = rotary_dim or head_dim
@@ -67,7 +74,7 @@ class Rope(PositionalEncoding):
         inv_freq = base ** (-k / r) / interpolation
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [r/2]
         self.rotary_dim, self.partial = r, r < head_dim
-        self.xpos, self.xpos_scale_base = xpos, xpos_scale_base
+        self.xpos, self.xpos_scale_base, self.backend = xpos, xpos_scale_base, backend
         self.register_buffer("zeta", (k / r + 0.4) / 1.4, persistent=False)  # [r/2], in [0.29, 1)
 
     @classmethod
@@ -115,10 +122,23 @@ class Rope(PositionalEncoding):
 
     def rotate(self, x: Tensor, tables: tuple[Tensor, ...], key: bool = False) -> Tensor:
         tables = tables[2:] if key and self.xpos else tables[:2]  # [S, r] each
+        if self._fused(x):
+            from xfam.kernels.rope import rope  # imported on first use (TRITON_INTERPRET)
+
+            return rope(x, *tables)
         if self.partial:  # the first r channels rotate, the rest pass through
             r = self.rotary_dim
             return torch.cat((self._rotate(x[..., :r], tables), x[..., r:]), dim=-1)
         return self._rotate(x, tables)
+
+    def _fused(self, x: Tensor) -> bool:
+        """Whether this call takes the Triton kernel (``backend``; ``auto``: on CUDA)."""
+        if self.backend != "auto":
+            return self.backend == "triton"
+        if x.device.type == "cuda" and runtime.why_not(x.device) is None:
+            log_once("pos=rope backend=auto: fused Triton rotation (CUDA)")
+            return True
+        return False
 
     @staticmethod
     def _rotate(x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:

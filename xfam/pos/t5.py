@@ -57,6 +57,11 @@ class T5Bias(ScoreBias):
         buckets = t5_bucket(q_pos - k_pos, self.causal, self.num_buckets, self.max_distance)
         return self.table[buckets].movedim(-1, 0)  # [H, *pairs]
 
+    def kernel_params(self) -> dict[str, Any]:
+        """The table ``[NB, H]`` and the bucket of a distance ``qpos - kpos``, looked up in-kernel."""
+        bucket = lambda n: t5_bucket(n, self.causal, self.num_buckets, self.max_distance)  # noqa: E731
+        return {"kind": "table", "table": self.table, "bucket": bucket}
+
 
 @POS.register("t5")
 class T5(PositionalEncoding):

@@ -42,7 +42,7 @@ class Geometry(NamedTuple):
     rows_ok: bool  # every real query sees at least one key (before padding and documents)
     g_pos: Tensor  # [G] global positions that are keys of this call
     g_rows: Tensor  # [Gq] query indices (0..Sq-1) that are global
-    additive: dict  # dtype -> ``ok`` as an additive mask (see ``_additive``)
+    additive: dict  # caches: dtype -> ``ok`` as an additive mask (``_additive``), "kernel" -> ``kernel_layout``
 
 
 def geometry(pattern: SparsePattern, mask: AttnMask, device: torch.device) -> Geometry:
@@ -202,6 +202,41 @@ def block_sparse_attention(
         out = torch.where(empty, v[:, :, mask.offset : mask.offset + s_q], out)
     if len(geo.g_rows):  # global queries see every visible key: a few dense rows
         rows = dense_rows(q[:, :, geo.g_rows], k, v, geo.g_rows, mask, bias, dropout)
+        out = out.index_copy(2, geo.g_rows, rows)
+    return out
+
+
+def kernel_layout(geo: Geometry, b: int) -> tuple[Tensor, Tensor]:
+    """The geometry as the flash kernel's block-sparse layout ``(idx [Hp, nQ, K'], ok [Hp, nQ, b, K'*b])``:
+    the global keys join as the blocks that hold them (only their own columns set; the block part never
+    holds a global key, so nothing is counted twice). Cached on the geometry."""
+    if "kernel" not in geo.additive:
+        kb = geo.idx.shape[-1] * b
+        idx, ok = geo.idx, geo.ok[..., :kb]
+        if len(geo.g_pos):
+            blocks = torch.unique(geo.g_pos // b)  # [Gb], sorted
+            hp, n_q = idx.shape[:2]
+            idx = torch.cat((idx, blocks.to(idx.dtype).expand(hp, n_q, -1)), dim=-1)  # [Hp, nQ, K + Gb]
+            col = torch.searchsorted(blocks, geo.g_pos // b) * b + geo.g_pos % b  # [G]: column among the new
+            g_ok = geo.ok.new_zeros(*ok.shape[:-1], len(blocks) * b)  # [Hp, nQ, b, Gb*b]
+            g_ok[..., col] = geo.ok[..., kb:]
+            ok = torch.cat((ok, g_ok), dim=-1)
+        geo.additive["kernel"] = (idx.contiguous(), ok.contiguous())
+    return geo.additive["kernel"]
+
+
+def flash_sparse_attention(
+    q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, mask: AttnMask, bias: ScoreBias | None = None
+) -> Tensor:
+    """``block_sparse_attention`` through the flash kernel: the block part and the global keys in-kernel
+    (``kernel_layout``), the few global query rows densely, as the block path does."""
+    from xfam.attention.fused import flash
+
+    geo = geometry(pattern, mask, q.device)
+    out = flash(q, k, v, mask, bias, layout=kernel_layout(geo, pattern.block), block=pattern.block)
+    if len(geo.g_rows):  # global queries see every visible key
+        h = q.shape[1]
+        rows = dense_rows(q[:, :, geo.g_rows], expand_kv(k, h), expand_kv(v, h), geo.g_rows, mask, bias, 0.0)
         out = out.index_copy(2, geo.g_rows, rows)
     return out
 

@@ -1,17 +1,17 @@
 """Base of mechanisms defined by a sparse pattern: the block engine is their fast path, the dense
-reference their test path (``backend``)."""
+reference their test path, and on CUDA the flash kernel runs the same block layout (``backend``)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor
 
+from xfam.attention import fused
 from xfam.attention.base import AttentionMechanism
 from xfam.attention.mask import AttnMask
-from xfam.attention.sparse.engine import block_sparse_attention, dense_sparse_attention
+from xfam.attention.sparse.engine import block_sparse_attention, dense_sparse_attention, flash_sparse_attention
 from xfam.attention.sparse.pattern import SparsePattern
-from xfam.logs import log_once
 from xfam.pos.base import ScoreBias, ScoreModifier
 
 
@@ -23,7 +23,7 @@ class SparseMechanism(AttentionMechanism):
     """
 
     hosts_modifiers: ClassVar[bool] = False
-    backends: ClassVar[tuple[str, ...]] = ("block", "dense")
+    backends: ClassVar[tuple[str, ...]] = ("block", "dense", "triton")
 
     def __init__(self, pattern: SparsePattern, backend: str = "auto", dropout: float = 0.0):
         super().__init__()
@@ -38,9 +38,35 @@ class SparseMechanism(AttentionMechanism):
         bias: ScoreBias | None = None,
         modifier: ScoreModifier | None = None,
     ) -> Tensor:
+        return self.attend(self.pattern, q, k, v, mask, bias, modifier)
+
+    def attend(
+        self,
+        pattern: SparsePattern,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None,
+        modifier: ScoreModifier | None,
+        fallback: str = "block",
+    ) -> Tensor:
+        """``pattern`` through the path ``backend`` picks (``auto``: the flash kernel on CUDA where it
+        applies, else ``fallback``); a subclass with its own fast path runs it when ``fallback`` is chosen."""
         p = self.dropout if self.training else 0.0
-        if self.backend == "dense":
-            return dense_sparse_attention(q, k, v, self.pattern, mask, bias, p)
-        if self.backend == "auto":
-            log_once(f"attention={self.registry_name} backend=auto: block engine")
-        return block_sparse_attention(q, k, v, self.pattern, mask, bias, p)
+        b = pattern.block
+        odd = None if b >= 16 and b & (b - 1) == 0 else f"block {b} (the kernel tiles powers of two >= 16)"
+        path = fused.choose(self.registry_name, self.backend, fallback, q, mask, bias, p, modifier, odd)
+        if path == "dense":
+            return dense_sparse_attention(q, k, v, pattern, mask, bias, p)
+        if path == "triton":
+            return flash_sparse_attention(q, k, v, pattern, mask, bias)
+        if path == "block":
+            return block_sparse_attention(q, k, v, pattern, mask, bias, p)
+        return self.fast_path(path, pattern, q, k, v, mask, bias, p)
+
+    def fast_path(
+        self, path: str, pattern: SparsePattern, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, bias: Any, p: float
+    ) -> Tensor:
+        """A subclass's own path (``backends`` beyond block / dense / triton)."""
+        raise ValueError(f"attention={self.registry_name}: unknown backend {path!r}")
