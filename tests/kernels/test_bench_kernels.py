@@ -1,0 +1,42 @@
+"""``scripts/bench_kernels.py --interpret`` runs the whole benchmark pipeline on CPU (Triton's interpreter,
+tiny sizes): every implementation agrees with the reference and the table lands between its markers."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from xfam.kernels import runtime  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    runtime.why_not(torch.device("cpu")) is not None, reason="needs Triton's interpreter (TRITON_INTERPRET=1)"
+)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "scripts" / "bench_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_kernels"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_interpret_mode_measures_checks_and_writes_the_table(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "benchmarks.md"
+    out.write_text("# Benchmarks\n\n<!-- bench_kernels:start -->\npending\n<!-- bench_kernels:end -->\nkept\n")
+    load_script().main(["--interpret", "--lengths", "32", "--cases", "alibi", "bigbird", "linear", "--out", str(out)])
+    text = out.read_text()
+    assert "pending" not in text and text.endswith("kept\n")  # replaced between the markers only
+    for row in ("| alibi | 32 | 32 | triton |", "| alibi | 32 | 32 | sdpa |", "| bigbird | 32 | 32 | triton |"):
+        assert row in text
+    assert "| m=16 | 32 | 32 | triton |" in text and "| m=16 | 32 | 32 | pytorch_chunked |" in text
+    assert "all Triton outputs match the reference" in capsys.readouterr().out
+    assert len(out.with_suffix(".kernels.jsonl").read_text().splitlines()) == 6  # written as it went
