@@ -62,6 +62,7 @@ def ddp_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run([*STATEFUL, *data(corpus, 4), "trainer=ddp_cpu"], tmp_path_factory.mktemp("ddp"))
 
 
+@pytest.mark.slow  # two DDP runs and one single-process run: ~35 s
 def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run: Path, corpus: Path, tmp_path: Path) -> None:
     one = run([*STATEFUL, *data(corpus, 8)], tmp_path)  # one process, 8 rows: the same rows per step
     ddp, single = val_losses(ddp_run), val_losses(one)

@@ -7,11 +7,13 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.integration.helpers import TINY, run_cli, text_data
 
 
+@pytest.mark.slow  # two 2-process jobs: ~50 s
 def test_sweep_of_ddp_jobs_writes_runs_and_summary(corpus: Path, tmp_path: Path) -> None:
     args = ["-m", "pos=none,alibi", "trainer=ddp_cpu", "name=sweep", *TINY, *text_data(corpus)]
     res = run_cli(["train.py", *args], env={"XFAM_RUNS": str(tmp_path)}, timeout=600)
