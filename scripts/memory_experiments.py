@@ -36,7 +36,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import shlex
 import sys
 import time
@@ -48,7 +47,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from run_experiments import RESULTS, Run, compose, fmt, one_line, prepare_run, train_run, write_section  # noqa: E402
+from run_experiments import Run, add_run_options, compose, fmt, one_line, prepare_run, train_run, write_section  # noqa: E402
 
 MEMORIZING = "+memory.per_layer={-1: {name: memorizing, store_size: 128, topk: 32}}"
 
@@ -439,15 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=["copy", "text", "recall", "all"])
     parser.add_argument("--rope", action="store_true", help="text: add the pos=rope pair (none, xl)")
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every run (repeatable)"
-    )
-    runs_root = Path(os.environ.get("XFAM_RUNS", ROOT / "runs"))
-    parser.add_argument("--out", default=str(runs_root), help="runs go to <out>/<experiment>/<run> (default: runs/)")
-    parser.add_argument("--results", default=str(RESULTS), help="markdown file that receives the tables")
-    parser.add_argument("--no-results", action="store_true", help="do not write the results file and plots")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--dry-run", action="store_true", help="compose and validate every run; train nothing")
+    add_run_options(parser, threads=2)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)

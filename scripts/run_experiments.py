@@ -633,11 +633,8 @@ REPORTS = {
 }
 
 
-def main(argv: list[str] | None = None) -> list[Run]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("experiments", nargs="+", help="sweep names of the sweep file, or 'all'")
-    parser.add_argument("--sweeps", default=str(SWEEPS), help="sweep file (default: scripts/experiments.yaml)")
-    parser.add_argument("--only", default=None, help="comma-separated run labels to run (default: all)")
+def add_run_options(parser: argparse.ArgumentParser, threads: int) -> None:
+    """The options every experiment driver shares: overrides, where runs and results go, threads, dry run."""
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every run (repeatable)"
     )
@@ -645,8 +642,16 @@ def main(argv: list[str] | None = None) -> list[Run]:
     parser.add_argument("--out", default=str(runs_root), help="runs go to <out>/<experiment>/<run> (default: runs/)")
     parser.add_argument("--results", default=str(RESULTS), help="markdown file that receives the tables")
     parser.add_argument("--no-results", action="store_true", help="do not write the results file and plots")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=int, default=threads, help=f"torch threads (default {threads})")
     parser.add_argument("--dry-run", action="store_true", help="compose and validate every run; train nothing")
+
+
+def main(argv: list[str] | None = None) -> list[Run]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiments", nargs="+", help="sweep names of the sweep file, or 'all'")
+    parser.add_argument("--sweeps", default=str(SWEEPS), help="sweep file (default: scripts/experiments.yaml)")
+    parser.add_argument("--only", default=None, help="comma-separated run labels to run (default: all)")
+    add_run_options(parser, threads=1)
     args = parser.parse_args(argv)
 
     import torch

@@ -314,6 +314,33 @@ def decode_logits(
     return torch.cat(logits, dim=1)
 
 
+def assert_same_model(a: XfamModel, b: XfamModel, tokens: Tensor) -> None:
+    """``a`` and ``b`` hold the same parameters and buffers and give the same logits (bit for bit)."""
+    assert a.state_dict().keys() == b.state_dict().keys()
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert torch.equal(a(tokens).logits, b(tokens).logits)
+
+
+def assert_no_causal_leak(model: XfamModel, vocab_size: int, length: int = 10, at: int = 6) -> None:
+    """Changing token ``at`` changes no earlier output, and does change the later ones."""
+    x = torch.randint(0, vocab_size, (2, length))
+    y = x.clone()
+    y[:, at] = (y[:, at] + 1) % vocab_size
+    a, b = model(x).logits, model(y).logits
+    assert torch.equal(a[:, :at], b[:, :at])
+    assert not torch.allclose(a[:, at:], b[:, at:], atol=1e-4)
+
+
+def assert_decode_equals_full(
+    model: XfamModel, tokens: Tensor, key_padding: Tensor | None, prompt: int = 4, step: int = 1
+) -> None:
+    """Cached decoding (``decode_logits``) gives the full forward's logits on every real position."""
+    full = model(tokens, key_padding=key_padding).logits
+    cached = decode_logits(model, tokens, prompt, step=step, key_padding=key_padding)
+    real = slice(None) if key_padding is None else key_padding[:, :, None].expand_as(full)
+    assert torch.allclose(cached[real], full[real], atol=1e-5), (key_padding is None, step)
+
+
 def xfam_components(registry: Any) -> list[str]:
     """Names of the real components of a registry (the test doubles excluded)."""
     return [name for name, cls in registry.items() if cls.__module__.startswith("xfam.")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from doubles import build_model, decode_logits
+from doubles import assert_decode_equals_full, assert_no_causal_leak, assert_same_model, build_model
 
 from xfam import compat
 from xfam.attention import ATTENTION
@@ -34,11 +34,7 @@ def big_tokens(model, seed: int = 3) -> None:
 
 @pytest.mark.parametrize("pos", ["none", "learned", "rope", "alibi"])
 def test_zero_is_the_model_without_memory_tokens(pos):
-    x = torch.randint(0, V, (2, 9))
-    plain, zero = build_model(pos=pos), build_model(pos=pos, num_memory_tokens=0)
-    assert plain.state_dict().keys() == zero.state_dict().keys()
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), zero.state_dict().values()))
-    assert torch.equal(plain(x).logits, zero(x).logits)
+    assert_same_model(build_model(pos=pos), build_model(pos=pos, num_memory_tokens=0), torch.randint(0, V, (2, 9)))
 
 
 def test_outputs_cover_the_input_only_and_the_tokens_matter():
@@ -68,12 +64,7 @@ def test_the_input_keeps_its_own_absolute_positions():
 def test_no_causal_leak(pos):
     model = build_model(pos=pos, num_memory_tokens=G)
     big_tokens(model)
-    x = torch.randint(0, V, (2, 10))
-    y = x.clone()
-    y[:, 6] = (y[:, 6] + 1) % V
-    a, b = model(x).logits, model(y).logits
-    assert torch.equal(a[:, :6], b[:, :6])
-    assert not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-4)
+    assert_no_causal_leak(model, V)
 
 
 DOCS = torch.tensor([[0] * 4 + [1] * 6, [2] * 7 + [3] * 3])
@@ -157,10 +148,7 @@ def test_decode_with_the_cache_equals_the_full_forward(pos, extra):
     pad = torch.ones(2, 11, dtype=torch.bool)
     pad[1, :3] = False  # a left-padded row
     for key_padding, step in ((None, 1), (pad, 1), (None, 3)):
-        full = model(x, key_padding=key_padding).logits
-        cached = decode_logits(model, x, 4, step=step, key_padding=key_padding)
-        real = slice(None) if key_padding is None else pad[:, :, None].expand_as(full)
-        assert torch.allclose(cached[real], full[real], atol=1e-5), (key_padding is None, step)
+        assert_decode_equals_full(model, x, key_padding, step=step)
     cache = model(x[:, :4], cache=model.empty_cache()).cache
     assert cache.length == G + 4  # the memory tokens enter the cache once
     assert model(x[:, 4:5], cache=cache).cache.length == G + 5

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from doubles import ToyModifier, build_model, decode_logits
+from doubles import ToyModifier, assert_decode_equals_full, assert_no_causal_leak, assert_same_model, build_model
 
 from xfam.attention import ATTENTION, AttnMask
 from xfam.cli.hydra_app import precheck
@@ -136,11 +136,7 @@ def test_persistent_keys_are_seen_by_a_query_that_sees_nothing_else():
 
 @pytest.mark.parametrize("pos", ["none", "rope", "alibi", "xl"])
 def test_zero_is_the_model_without_persistent_memory(pos):
-    x = torch.randint(0, V, (2, 9))
-    plain, zero = build_model(pos=pos), build_model(pos=pos, num_mem_kv=0)
-    assert plain.state_dict().keys() == zero.state_dict().keys()
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), zero.state_dict().values()))
-    assert torch.equal(plain(x).logits, zero(x).logits)
+    assert_same_model(build_model(pos=pos), build_model(pos=pos, num_mem_kv=0), torch.randint(0, V, (2, 9)))
 
 
 def test_parameters_per_layer_shared_by_a_recurrent_block():
@@ -155,12 +151,7 @@ def test_parameters_per_layer_shared_by_a_recurrent_block():
 def test_no_causal_leak(pos):
     model = build_model(pos=pos, num_mem_kv=P)
     big_persistent(model)
-    x = torch.randint(0, V, (2, 10))
-    y = x.clone()
-    y[:, 6] = (y[:, 6] + 1) % V
-    a, b = model(x).logits, model(y).logits
-    assert torch.equal(a[:, :6], b[:, :6])
-    assert not torch.allclose(a[:, 6:], b[:, 6:], atol=1e-4)
+    assert_no_causal_leak(model, V)
 
 
 def test_persistent_memory_changes_the_output():
@@ -218,10 +209,7 @@ def test_decode_with_the_cache_equals_the_full_forward(pos, kv_heads):
     pad = torch.ones(2, 11, dtype=torch.bool)
     pad[1, :3] = False  # a left-padded row
     for key_padding in (None, pad):
-        full = model(x, key_padding=key_padding).logits
-        cached = decode_logits(model, x, 4, key_padding=key_padding)
-        real = slice(None) if key_padding is None else pad[:, :, None].expand_as(full)
-        assert torch.allclose(cached[real], full[real], atol=1e-5)
+        assert_decode_equals_full(model, x, key_padding)
         state = model(x[:, :4], cache=model.empty_cache()).cache.layers[0]
         assert state["k"].shape[:3] == (2, kv_heads, 4)  # the cache holds the tokens' keys only
 
