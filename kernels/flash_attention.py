@@ -422,25 +422,32 @@ class _Tiles(NamedTuple):
 
 def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> _Tiles:
     """Tile sizes by kernel (``fwd``, ``dq``, ``dkdv``), padded head dim and dtype: a small fixed heuristic
-    (no autotuning; the GPU choices follow Triton's fused-attention tutorial, scaled down for fp32 and
-    wide heads, and are not tuned). ``block_m`` is the query tile, ``block_n`` the key tile; ``dkdv`` keeps
-    its key tile resident and streams query tiles. A layout fixes both tiles to its block. The interpreter
-    runs tiles one after the other, so it gets 32: few iterations, yet several blocks at test lengths."""
+    (no autotuning). ``block_m`` is the query tile, ``block_n`` the key tile; ``dkdv`` keeps its key tile
+    resident and streams query tiles. A layout fixes both tiles to its block. The interpreter runs tiles
+    one after the other, so it gets 32: few iterations, yet several blocks at test lengths.
+
+    The GPU choices follow Triton's fused-attention tutorial (128-query forward tiles), with 8 warps for
+    fp16/bf16: compiled for sm_90 (``scripts/compile_kernels.py``), 4 warps made ptxas spill registers
+    once a score bias or span joins (up to 560 B per thread at Dh 128), 8 warps do not for any single
+    feature. fp32 (FMA dots) takes 32-wide tiles, 8 warps, and one stage for dk/dv (two spilled 0.5-2.5 KB
+    per thread). Untimed: no GPU was at hand when they were chosen (docs/kernels.md)."""
     size = 4 if dtype == torch.float32 else 2
     if layout_block is not None:  # one pipeline stage when the k and v tiles of two would not fit shared memory
+        if size == 4 and layout_block >= 64 and not runtime.interpreting():  # fp32 FMA dots on whole blocks:
+            return _Tiles(layout_block, layout_block, 16, 1)  # 4 or 8 warps spilled 1-14 KiB per thread (sm_90)
         stages = 2 if 2 * 2 * layout_block * dh * size <= 96 * 1024 else 1
         return _Tiles(layout_block, layout_block, 4 if layout_block * dh <= 64 * 64 else 8, stages)
     if runtime.interpreting():
         return _Tiles(32, 32, 1, 1)
     half = size == 2  # fp32 tiles take twice the registers and shared memory
     table = {  # (kind, dh bound) -> (half tiles, fp32 tiles); fp32 (FMA dots) needs more warps for its registers
-        ("fwd", 64): (_Tiles(128, 64, 4, 3), _Tiles(64, 32, 8, 2)),
-        ("fwd", 128): (_Tiles(128, 64, 8, 3), _Tiles(32, 32, 4, 2)),
+        ("fwd", 64): (_Tiles(128, 64, 8, 3), _Tiles(64, 32, 8, 2)),
+        ("fwd", 128): (_Tiles(128, 64, 8, 3), _Tiles(32, 32, 8, 2)),
         ("fwd", 256): (_Tiles(64, 32, 8, 2), _Tiles(32, 32, 8, 1)),
-        ("dq", 64): (_Tiles(64, 64, 4, 2), _Tiles(32, 32, 8, 2)),
+        ("dq", 64): (_Tiles(64, 64, 8, 2), _Tiles(32, 32, 8, 2)),
         ("dq", 128): (_Tiles(64, 32, 8, 2), _Tiles(32, 32, 8, 1)),
         ("dq", 256): (_Tiles(32, 32, 8, 1), _Tiles(16, 32, 8, 1)),
-        ("dkdv", 64): (_Tiles(32, 64, 4, 2), _Tiles(32, 32, 8, 2)),
+        ("dkdv", 64): (_Tiles(32, 64, 8, 2), _Tiles(32, 32, 8, 1)),
         ("dkdv", 128): (_Tiles(32, 64, 8, 2), _Tiles(32, 32, 8, 1)),
         ("dkdv", 256): (_Tiles(32, 32, 8, 1), _Tiles(16, 32, 8, 1)),
     }
@@ -474,7 +481,7 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
     as_bytes = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731  (bool: no copy)
     lidx, lok = ex.layout if ex.layout is not None else (None, None)
     if q.dtype == torch.float32:
-        prec = "tf32" if q.is_cuda and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+        prec = "tf32" if not runtime.interpreting() and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     else:
         prec = None
     return dict(

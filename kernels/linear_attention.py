@@ -197,11 +197,23 @@ def _bwd_finish_kernel(
         tl.store(DLD + bh * T + t, dld.to(DLD.dtype.element_ty), mask=t_ok)
 
 
-def _block_dv(bm: int, dv: int, cuda: bool) -> int:
-    """Value columns per program: on CUDA at most 64 x 64 fp32 state entries per program (ptxas for sm_90 already
-    spills at 64 x 64 with C = 64; untimed), a split over programs beyond; up to 128 in the interpreter (fewer,
-    larger steps run faster there)."""
-    return max(16, min(triton.next_power_of_2(dv), 4096 // bm if cuda else 128))
+def _tiles(t: int, m: int, dv: int, chunk: int) -> tuple[int, int, int, int, int]:
+    """(chunk C, padded features BM, value columns per program BDV, warps, pipeline stages).
+
+    Compiled (GPU): C <= 2048 / BM and BM x BDV <= 1024 fp32 state entries per program, 8 warps, one stage.
+    Compiled for sm_90 (``scripts/compile_kernels.py``), the earlier C = 64, BDV = 4096 / BM with Triton's
+    default 3 stages asked for up to 390 KiB of shared memory at m = 256 (an H100 or H200 has 227: the launch
+    would fail) and spilled 1-6 KiB of registers per thread; these tiles take at most 48 KiB, spill nothing
+    for m <= 128 in fp16/bf16 and 48-136 B at m = 256 (fp32, three TF32 dots each, spills at any tile). The
+    price of short chunks: the forward keeps every chunk's start state for the backward, T / C x m x Dv fp32
+    per (batch, head), Dv / C times the size of q and k in bf16 (C = 32 at m = 256 would halve it and spill
+    832 B per thread in the backward). Untimed: no GPU was at hand (docs/kernels.md). Interpreter: chunks up
+    to ``chunk``, up to 128 value columns (fewer, larger steps run faster there)."""
+    bm = max(16, triton.next_power_of_2(m))
+    c = min(chunk, max(16, triton.next_power_of_2(t)))  # a chunk longer than T: one chunk
+    if runtime.interpreting():
+        return c, bm, max(16, min(triton.next_power_of_2(dv), 128)), 4, 1
+    return max(16, min(c, 2048 // bm)), bm, max(16, min(triton.next_power_of_2(dv), 1024 // bm)), 8, 1
 
 
 class _CausalLinearAttention(torch.autograd.Function):
@@ -211,27 +223,26 @@ class _CausalLinearAttention(torch.autograd.Function):
         dv = v.shape[-1]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         ld, lw, s0 = (None if x is None else x.contiguous() for x in (ld, lw, s0))
-        c = min(chunk, max(16, triton.next_power_of_2(t)))  # a chunk longer than T: one chunk
-        n, bm = triton.cdiv(t, c), max(16, triton.next_power_of_2(m))
-        bdv = _block_dv(bm, dv, v.is_cuda)
-        warps = 8 if v.is_cuda and c * bm >= 4096 else 4  # 8 warps halve sm_90's spills on large tiles (untimed)
+        c, bm, bdv, warps, stages = _tiles(t, m, dv, chunk)
+        n = triton.cdiv(t, c)
         prec = "tf32x3" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
         out = torch.empty_like(v)  # [B, H, T, Dv]
         states = torch.empty(b * h, n + 1, m, dv, device=v.device, dtype=torch.float32)
         _fwd_kernel[(b * h, triton.cdiv(dv, bdv))](
             q, k, v, q if ld is None else ld, q if lw is None else lw, q if s0 is None else s0, out, states,
             t, m, dv, n, C=c, BM=bm, BDV=bdv, PREC=prec,
-            HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_S0=s0 is not None, RESET=RESET, num_warps=warps,
+            HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_S0=s0 is not None, RESET=RESET,
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, ld, lw, s0, states)
-        ctx.meta = (c, n, bm, bdv, prec, warps)
+        ctx.meta = (c, n, bm, bdv, prec, warps, stages)
         return out, states[:, n].reshape(b, h, m, dv).clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out, d_last):  # noqa: ANN001, ANN205
         q, k, v, ld, lw, s0, states = ctx.saved_tensors
-        c, n, bm, bdv, prec, warps = ctx.meta
+        c, n, bm, bdv, prec, warps, stages = ctx.meta
         b, h, t, m = q.shape
         dv, bh = v.shape[-1], b * h
         ndv = triton.cdiv(dv, bdv)
@@ -244,7 +255,7 @@ class _CausalLinearAttention(torch.autograd.Function):
             q, k, v, q if ld is None else ld, q if lw is None else lw, states, d_out,
             q if d_last is None else d_last.contiguous(), dq_part, dk_part, d_v, sg_part, d_s0,
             t, m, dv, n, bh, C=c, BM=bm, BDV=bdv, PREC=prec, HAS_LD=ld is not None, HAS_LW=lw is not None,
-            HAS_DST=d_last is not None, RESET=RESET, num_warps=warps,
+            HAS_DST=d_last is not None, RESET=RESET, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         d_q, d_k = torch.empty_like(q), torch.empty_like(k)
         d_ld = None if ld is None else torch.empty_like(ld)

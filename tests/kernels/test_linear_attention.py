@@ -90,7 +90,8 @@ def test_kernel_equals_reference(name: str, dtype: torch.dtype) -> None:
 @needs_kernel
 def test_value_columns_split_over_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dv = 33 in blocks of 16: three programs per (B, H), dq and dk summed over their partials."""
-    monkeypatch.setattr(module, "_block_dv", lambda bm, dv, cuda: 16)
+    tiles = module._tiles
+    monkeypatch.setattr(module, "_tiles", lambda t, m, dv, chunk: (*tiles(t, m, dv, chunk)[:2], 16, 4, 1))
     leaves, kw = _case("state", torch.float32)
     got, d_got = _run(causal_linear_attention, leaves, kw, upcast=False)
     want, d_want = _run(causal_linear_attention_reference, leaves, kw, upcast=True)
