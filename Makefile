@@ -11,7 +11,7 @@ TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFF
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-all train lint format bench clean
+.PHONY: help setup test test-slow test-all train lint format bench compile-kernels gpu-wheels clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed  ## create .venv: torch pinned first (TORCH=... to override), then xfam[dev]
 
-test: setup  ## the test suite (slow checks excluded), ~3 min on 2 cores
+test: setup  ## the test suite (slow checks excluded), ~10 min on 2 cores
 	$(TEST_ENV) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
 test-slow: setup  ## only the long checks (marked slow)
@@ -37,15 +37,21 @@ train: setup  ## the main job: tiny decoder on the embedded corpus (a few minute
 	OMP_NUM_THREADS=2 $(BIN)/python train.py ckpt_path=auto
 
 lint: setup  ## ruff
-	$(BIN)/ruff check xfam tests scripts train.py
-	$(BIN)/ruff format --check xfam tests scripts train.py
+	$(BIN)/ruff check xfam kernels tests scripts train.py
+	$(BIN)/ruff format --check xfam kernels tests scripts train.py
 
 format: setup  ## apply ruff fixes and formatting
-	$(BIN)/ruff check --fix xfam tests scripts train.py
-	$(BIN)/ruff format xfam tests scripts train.py
+	$(BIN)/ruff check --fix xfam kernels tests scripts train.py
+	$(BIN)/ruff format xfam kernels tests scripts train.py
 
 bench: setup  ## training throughput vs x-transformers and a minimal model (writes docs/benchmarks.md)
 	$(BIN)/python scripts/bench_train.py
+
+compile-kernels: setup  ## compile every Triton kernel for sm_90 (H100/H200) without a GPU: registers, spills, shared memory
+	$(BIN)/python scripts/compile_kernels.py
+
+gpu-wheels: setup  ## the packages the lent GPU machine lacks, as wheels in .whl/ (docs/kernels.md, GPU checks)
+	$(BIN)/python scripts/gpu_wheels.py
 
 clean:  ## remove caches (not .venv, not runs/)
 	rm -rf .pytest_cache .ruff_cache build dist *.egg-info

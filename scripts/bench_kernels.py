@@ -1,7 +1,8 @@
 """Triton kernels against PyTorch SDPA (its flash backend) and FlexAttention (``torch.compile``d), on CUDA.
 
     python scripts/bench_kernels.py                  # the full grid, bf16, within --budget-s (default 13 min)
-    python scripts/bench_kernels.py --quick          # L in {1k, 4k}, head dim 64: a few minutes
+    python scripts/bench_kernels.py --quick          # L in {4k, 1k}, head dim 64: a few minutes
+    python scripts/bench_kernels.py --resume         # run only what --out's .jsonl lacks (the grid over sessions)
     python scripts/bench_kernels.py --interpret      # CPU, Triton's interpreter, tiny sizes: the script end to end
 
 Cases (attention over L tokens, batch x L = 16k tokens, heads x head dim = 1024):
@@ -57,9 +58,9 @@ class Config:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="L in {1024, 4096}, head dim 64")
+    p.add_argument("--quick", action="store_true", help="L in {4096, 1024}, head dim 64")
     p.add_argument("--interpret", action="store_true", help="CPU + TRITON_INTERPRET=1 at tiny sizes (a check)")
-    p.add_argument("--lengths", type=int, nargs="*", help="default 1024 2048 4096 8192 16384")
+    p.add_argument("--lengths", type=int, nargs="*", help="default 4096 1024 16384 2048 8192 (in this order)")
     p.add_argument("--head-dims", type=int, nargs="*", help="default 64 128")
     p.add_argument("--cases", nargs="*", choices=CASES, default=list(CASES))
     p.add_argument("--tokens", type=int, default=16384, help="batch x length (default 16k)")
@@ -69,13 +70,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=780.0, help="start no configuration after this many seconds")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md", help="markdown file (markers)")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compiles take the most time)")
+    p.add_argument("--resume", action="store_true", help="keep the measurements in --out's .jsonl, run the rest")
     args = p.parse_args(argv)
     if args.interpret:
         args.lengths, args.head_dims = args.lengths or [48, 80], args.head_dims or [32]
         args.tokens, args.width, args.warmup, args.reps = 80, 64, 1, 2
     elif args.quick:
-        args.lengths, args.head_dims = args.lengths or [1024, 4096], args.head_dims or [64]
-    args.lengths = args.lengths or [1024, 2048, 4096, 8192, 16384]
+        args.lengths, args.head_dims = args.lengths or [4096, 1024], args.head_dims or [64]  # 4k first: a cut run
+    args.lengths = args.lengths or [4096, 1024, 16384, 2048, 8192]  # a run cut by its budget still spans L
     args.head_dims = args.head_dims or [64, 128]
     return args
 
@@ -283,6 +285,8 @@ def _g(x: float) -> str:
 
 
 def render(rows: list[dict[str, Any]], head: str, note: str) -> str:
+    order = {"triton": 0, "sdpa": 1, "flex": 2, "pytorch_chunked": 1}
+    rows = sorted(rows, key=lambda r: (CASES.index(r["case"]), r["length"], r["head_dim"], order[r["impl"]]))
     att = [r for r in rows if r["case"] != "linear"]
     lines = [head, ""]
     if att:
@@ -339,11 +343,17 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     block = 64 if cuda else 16
     torch.manual_seed(0)
     jsonl = args.out.with_suffix(".kernels.jsonl")
-    jsonl.unlink(missing_ok=True)
     rows: list[dict[str, Any]] = []
+    if args.resume and jsonl.exists():  # an earlier run's measurements, e.g. another session's share of the grid
+        rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    else:
+        jsonl.unlink(missing_ok=True)
+    done = {(r["case"], r["length"], r["head_dim"]) for r in rows}
     failed: list[str] = []
     head, start, cut = header(device, args), time.perf_counter(), ""
-    configs = [(n, d, c) for n in args.lengths for d in args.head_dims for c in args.cases]
+    if rows:
+        head += f" Resumed: {len(rows)} measurements of earlier runs (--resume) are kept."
+    configs = [(n, d, c) for n in args.lengths for d in args.head_dims for c in args.cases if (c, n, d) not in done]
     for i, (n, d, case) in enumerate(configs):
         if time.perf_counter() - start > args.budget_s:
             cut = (

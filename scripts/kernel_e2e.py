@@ -16,6 +16,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def train(backend: str, args: argparse.Namespace) -> tuple[list[float], str]:
     """Per-step training losses of one run and its log."""
     run_dir = args.out / backend
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time (train.py refuses to overwrite one)
     base = ["attention=vanilla", "pos=alibi", f"attention.backend={backend}", f"trainer.max_steps={args.steps}"]
     base += ["trainer.log_every_n_steps=1", "callbacks.progress_bar=none", f"hydra.run.dir={run_dir}"]
     if args.interpret:

@@ -65,3 +65,16 @@ def test_a_failing_implementation_is_listed_under_the_table_and_fails_the_run(tm
     text = out.read_text()
     assert "| causal | 32 | 32 | sdpa |" in text and "| causal | 32 | 32 | triton |" not in text
     assert "- causal L=32 Dh=32 triton: FAILED RuntimeError: out of resource: shared memory" in text
+
+
+def test_resume_keeps_earlier_measurements_and_runs_only_the_rest(tmp_path: Path) -> None:
+    out = tmp_path / "benchmarks.md"
+    script = load_script()
+    script.main(["--interpret", "--lengths", "32", "--cases", "window", "--no-flex", "--out", str(out)])
+    first = out.with_suffix(".kernels.jsonl").read_text().splitlines()
+    script.main(["--interpret", "--lengths", "32", "--cases", "window", "linear", "--no-flex", "--resume",
+                 "--out", str(out)])  # fmt: skip
+    lines = out.with_suffix(".kernels.jsonl").read_text().splitlines()
+    assert lines[:2] == first and len(lines) == 4  # window kept as it was, linear added
+    text = out.read_text()
+    assert "Resumed: 2 measurements" in text and "| window | 32 | 32 | triton |" in text and "| m=16 | 32 |" in text
