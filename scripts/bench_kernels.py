@@ -34,7 +34,6 @@ import json
 import math
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -318,22 +317,12 @@ def render(rows: list[dict[str, Any]], head: str, note: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else ""
-    block = f"{START}\n{body}\n{END}"
-    if START in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n## Triton kernels\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 # -- driver ------------------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     import torch
+    from benchlib.common import write_section
 
     cuda = torch.cuda.is_available() and not args.interpret
     if not cuda and not args.interpret:
@@ -408,10 +397,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
                 f"fwd+bwd {r['fwd_bwd_s'] * 1e3:8.3f} ms  err {err:.1e}  (first calls {r['compile_s']:.1f} s)",
                 flush=True,
             )
-            write_section(args.out, render(rows, head, _note(cut, failed)))
+            write_section(args.out, START, END, render(rows, head, _note(cut, failed)), new_heading="## Triton kernels")
         if cuda:
             torch.cuda.empty_cache()
-    write_section(args.out, render(rows, head, _note(cut, failed)))
+    write_section(args.out, START, END, render(rows, head, _note(cut, failed)), new_heading="## Triton kernels")
     return rows, failed
 
 
@@ -423,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported (and decorated)
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # xfam, benchlib
     import torch
 
     torch.set_num_threads(2 if args.interpret else torch.get_num_threads())

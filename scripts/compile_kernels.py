@@ -259,24 +259,13 @@ def problems(rows: list[dict[str, Any]], arch: int) -> list[str]:
     return out
 
 
-def write_section(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else ""
-    block = f"{START}\n{body}\n{END}"
-    if START in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        title = "# Triton kernels compiled for a GPU, without one\n\nWritten by `scripts/compile_kernels.py`."
-        text = (text.rstrip("\n") or title) + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("compile_kernels.py compiles for a GPU: unset TRITON_INTERPRET (it makes the kernels interpreted).")
     if not args.keep_cache:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="xfam_triton_cache_")
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # xfam, benchlib
     import torch
 
     rows: list[dict[str, Any]] = []
@@ -306,7 +295,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.no_write:
         print(body)
     else:
-        write_section(args.out, body)
+        from benchlib.common import write_section
+
+        title = "# Triton kernels compiled for a GPU, without one\n\nWritten by `scripts/compile_kernels.py`.\n"
+        write_section(args.out, START, END, body, new_file=title)
         print(f"table -> {args.out}")
     bad = problems(rows, args.arch)
     for line in bad:

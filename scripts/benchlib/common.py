@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 SYSTEMS = ("minimal", "xtransformers", "xtransformers_flash", "xfam", "xfam_lightning")
@@ -46,3 +47,16 @@ def cpu_busy_s() -> tuple[float, float]:
     hz = os.sysconf("SC_CLK_TCK")
     idle = v[3] + v[4]  # idle + iowait
     return (sum(v[:8]) - idle) / hz, sum(v[:8]) / hz
+
+
+def write_section(path: Path, start: str, end: str, body: str, new_file: str = "", new_heading: str = "") -> None:
+    """Replace what stands between the ``start`` and ``end`` markers of ``path`` with ``body``; without
+    markers, append them (after ``new_heading``); a missing file starts as ``new_file``."""
+    text = path.read_text() if path.exists() else new_file
+    block = f"{start}\n{body}\n{end}"
+    if start in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + "\n\n" + (f"{new_heading}\n\n" if new_heading else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.lstrip("\n"))
