@@ -85,8 +85,8 @@ def _chunk_weights(
 @_jit
 def _fwd_kernel(
     Q, K, V, LD, LW, S0, OUT, STATES,  # q, k [BH, T, M]; v, out [BH, T, DV]; ld, lw [BH, T]; S0 [BH, M, DV]
-    T, M, DV, N,  # STATES [BH, N + 1, M, DV] fp32: the state before each chunk, then S_T
-    C: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr,
+    T, M, DV, N, NS,  # STATES [BH, NS + 1, M, DV] fp32: the state before chunks 0, E, 2E, ..., then S_T
+    C: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, EVERY: tl.constexpr,
     HAS_LD: tl.constexpr, HAS_LW: tl.constexpr, HAS_S0: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0).to(tl.int64)
@@ -99,7 +99,8 @@ def _fwd_kernel(
     else:
         s = tl.zeros([BM, BDV], dtype=tl.float32)
     for c in range(0, N):
-        tl.store(STATES + (bh * (N + 1) + c) * M * DV + s_off, s, mask=s_ok)
+        if c % EVERY == 0:  # a checkpoint: the backward recomputes the states in between
+            tl.store(STATES + (bh * (NS + 1) + c // EVERY) * M * DV + s_off, s, mask=s_ok)
         t = c * C + rc
         t_ok = t < T
         qk_ok = t_ok[:, None] & (rm[None, :] < M)
@@ -112,15 +113,15 @@ def _fwd_kernel(
         o = tl.dot(p, v, input_precision=PREC) + qa[:, None] * tl.dot(q, s, input_precision=PREC)  # [C, BDV]
         tl.store(OUT + bh * T * DV + t[:, None] * DV + rv[None, :], o.to(OUT.dtype.element_ty), mask=v_ok)
         s = carry * s + tl.dot(tl.trans(k), wk[:, None] * v, input_precision=PREC)  # [BM, BDV]
-    tl.store(STATES + (bh * (N + 1) + N) * M * DV + s_off, s, mask=s_ok)
+    tl.store(STATES + (bh * (NS + 1) + NS) * M * DV + s_off, s, mask=s_ok)
 
 
 @_jit
 def _bwd_kernel(
     Q, K, V, LD, LW, STATES, DO, DST,  # as forward; do [BH, T, DV]; dS_T [BH, M, DV]
     DQP, DKP, DVALS, SGP, DS0,  # dq, dk partials [NDV, BH, T, M] fp32; dv [BH, T, DV]; <S, dS> [NDV, BH, N]
-    T, M, DV, N, BH,
-    C: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr,
+    T, M, DV, N, NS, BH,
+    C: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, EVERY: tl.constexpr,
     HAS_LD: tl.constexpr, HAS_LW: tl.constexpr, HAS_DST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(0).to(tl.int64)
@@ -134,7 +135,7 @@ def _bwd_kernel(
         g = tl.load(DST + bh * M * DV + s_off, mask=s_ok, other=0.0).to(tl.float32)
     else:
         g = tl.zeros([BM, BDV], dtype=tl.float32)
-    s = tl.load(STATES + (bh * (N + 1) + N) * M * DV + s_off, mask=s_ok, other=0.0)  # S_T
+    s = tl.load(STATES + (bh * (NS + 1) + NS) * M * DV + s_off, mask=s_ok, other=0.0)  # S_T
     sg = tl.sum(tl.sum(s * g, 1), 0)  # <S_{c+1}, dS_{c+1}> over our columns, for the chunk c below
     for cc in range(0, N):
         c = N - 1 - cc
@@ -143,11 +144,21 @@ def _bwd_kernel(
         t_ok = t < T
         qk_ok = t_ok[:, None] & (rm[None, :] < M)
         v_ok = t_ok[:, None] & (rv[None, :] < DV)
+        # S_c: its checkpoint, then the forward's updates of the chunks in between (before this chunk's loads)
+        s = tl.load(STATES + (bh * (NS + 1) + c // EVERY) * M * DV + s_off, mask=s_ok, other=0.0)
+        for u in range(c - c % EVERY, c):
+            tu = u * C + rc
+            tu_ok = tu < T
+            ku = tl.load(K + bh * T * M + tu[:, None] * M + rm[None, :], mask=tu_ok[:, None] & (rm[None, :] < M),
+                         other=0.0).to(tl.float32)  # fmt: skip
+            vu = tl.load(V + bh * T * DV + tu[:, None] * DV + rv[None, :], mask=tu_ok[:, None] & (rv[None, :] < DV),
+                         other=0.0).to(tl.float32)  # fmt: skip
+            _, _, wku, carryu = _chunk_weights(LD, LW, bh * T, tu, tu_ok, C, HAS_LD, HAS_LW, RESET)
+            s = carryu * s + tl.dot(tl.trans(ku), wku[:, None] * vu, input_precision=PREC)  # S_c
         q = tl.load(Q + bh * T * M + t[:, None] * M + rm[None, :], mask=qk_ok, other=0.0).to(tl.float32)
         k = tl.load(K + bh * T * M + t[:, None] * M + rm[None, :], mask=qk_ok, other=0.0).to(tl.float32)
         v = tl.load(V + bh * T * DV + t[:, None] * DV + rv[None, :], mask=v_ok, other=0.0).to(tl.float32)
         do = tl.load(DO + bh * T * DV + t[:, None] * DV + rv[None, :], mask=v_ok, other=0.0).to(tl.float32)
-        s = tl.load(STATES + (bh * (N + 1) + c) * M * DV + s_off, mask=s_ok, other=0.0)  # S_c
         w, qa, wk, carry = _chunk_weights(LD, LW, bh * T, t, t_ok, C, HAS_LD, HAS_LW, RESET)
         pw = tl.dot(q, tl.trans(k), input_precision=PREC) * w  # [C, C]
         dpw = tl.dot(do, tl.trans(v), input_precision=PREC) * w  # [C, C]
@@ -198,22 +209,29 @@ def _bwd_finish_kernel(
 
 
 def _tiles(t: int, m: int, dv: int, chunk: int) -> tuple[int, int, int, int, int]:
-    """(chunk C, padded features BM, value columns per program BDV, warps, pipeline stages).
+    """(chunk C, padded features BM, value columns per program BDV, warps, pipeline stages). The forward keeps
+    the state of every ``_every(C)``-th chunk start; the backward recomputes the ones in between.
 
     Compiled (GPU): C <= 2048 / BM and BM x BDV <= 1024 fp32 state entries per program, 8 warps, one stage.
     Compiled for sm_90 (``scripts/compile_kernels.py``), the earlier C = 64, BDV = 4096 / BM with Triton's
     default 3 stages asked for up to 390 KiB of shared memory at m = 256 (an H100 or H200 has 227: the launch
     would fail) and spilled 1-6 KiB of registers per thread; these tiles take at most 48 KiB, spill nothing
-    for m <= 128 in fp16/bf16 and 48-136 B at m = 256 (fp32, three TF32 dots each, spills at any tile). The
-    price of short chunks: the forward keeps every chunk's start state for the backward, T / C x m x Dv fp32
-    per (batch, head), Dv / C times the size of q and k in bf16 (C = 32 at m = 256 would halve it and spill
-    832 B per thread in the backward). Untimed: no GPU was at hand (docs/kernels.md). Interpreter: chunks up
-    to ``chunk``, up to 128 value columns (fewer, larger steps run faster there)."""
+    for m <= 128 in fp16/bf16, at most 112 B at m = 256 (fp32, three TF32 dots each, spills at any tile). Untimed:
+    no GPU was at hand (docs/kernels.md). Interpreter: chunks up to ``chunk``, up to 128 value columns (fewer,
+    larger steps run faster there)."""
     bm = max(16, triton.next_power_of_2(m))
     c = min(chunk, max(16, triton.next_power_of_2(t)))  # a chunk longer than T: one chunk
     if runtime.interpreting():
         return c, bm, max(16, min(triton.next_power_of_2(dv), 128)), 4, 1
     return max(16, min(c, 2048 // bm)), bm, max(16, min(triton.next_power_of_2(dv), 1024 // bm)), 8, 1
+
+
+def _every(c: int) -> int:
+    """Chunks per kept state: one state per 64 positions whatever the chunk, T / 64 x m x Dv fp32 per (batch,
+    head), about q and k together in bf16 at Dv = 65 (every chunk's state at C = 16 was four times that). The
+    backward recomputes a state between checkpoints from the one before: (E - 1) / 2 extra state updates per
+    chunk on average."""
+    return max(1, 64 // c)
 
 
 class _CausalLinearAttention(torch.autograd.Function):
@@ -224,25 +242,26 @@ class _CausalLinearAttention(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         ld, lw, s0 = (None if x is None else x.contiguous() for x in (ld, lw, s0))
         c, bm, bdv, warps, stages = _tiles(t, m, dv, chunk)
-        n = triton.cdiv(t, c)
+        n, every = triton.cdiv(t, c), _every(c)
+        ns = triton.cdiv(n, every)  # kept states, besides S_T
         prec = "tf32x3" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
         out = torch.empty_like(v)  # [B, H, T, Dv]
-        states = torch.empty(b * h, n + 1, m, dv, device=v.device, dtype=torch.float32)
+        states = torch.empty(b * h, ns + 1, m, dv, device=v.device, dtype=torch.float32)
         _fwd_kernel[(b * h, triton.cdiv(dv, bdv))](
             q, k, v, q if ld is None else ld, q if lw is None else lw, q if s0 is None else s0, out, states,
-            t, m, dv, n, C=c, BM=bm, BDV=bdv, PREC=prec,
+            t, m, dv, n, ns, C=c, BM=bm, BDV=bdv, PREC=prec, EVERY=every,
             HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_S0=s0 is not None, RESET=RESET,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, ld, lw, s0, states)
-        ctx.meta = (c, n, bm, bdv, prec, warps, stages)
-        return out, states[:, n].reshape(b, h, m, dv).clone()
+        ctx.meta = (c, n, ns, every, bm, bdv, prec, warps, stages)
+        return out, states[:, ns].reshape(b, h, m, dv).clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out, d_last):  # noqa: ANN001, ANN205
         q, k, v, ld, lw, s0, states = ctx.saved_tensors
-        c, n, bm, bdv, prec, warps, stages = ctx.meta
+        c, n, ns, every, bm, bdv, prec, warps, stages = ctx.meta
         b, h, t, m = q.shape
         dv, bh = v.shape[-1], b * h
         ndv = triton.cdiv(dv, bdv)
@@ -254,8 +273,9 @@ class _CausalLinearAttention(torch.autograd.Function):
         _bwd_kernel[(bh, ndv)](
             q, k, v, q if ld is None else ld, q if lw is None else lw, states, d_out,
             q if d_last is None else d_last.contiguous(), dq_part, dk_part, d_v, sg_part, d_s0,
-            t, m, dv, n, bh, C=c, BM=bm, BDV=bdv, PREC=prec, HAS_LD=ld is not None, HAS_LW=lw is not None,
-            HAS_DST=d_last is not None, RESET=RESET, num_warps=warps, num_stages=stages,
+            t, m, dv, n, ns, bh, C=c, BM=bm, BDV=bdv, PREC=prec, EVERY=every,
+            HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_DST=d_last is not None, RESET=RESET,
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
         d_q, d_k = torch.empty_like(q), torch.empty_like(k)
         d_ld = None if ld is None else torch.empty_like(ld)

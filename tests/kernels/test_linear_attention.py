@@ -100,6 +100,32 @@ def test_value_columns_split_over_programs(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @needs_kernel
+def test_one_state_per_64_positions_is_kept_and_the_rest_recomputed_exactly() -> None:
+    """Chunks of 16: the forward keeps the states before chunks 0, 4, 8 and S_T (not all ten), and the
+    backward's recomputed states give the reference's gradients, across a reset at a kept chunk (64) and
+    one inside a recomputed stretch (100)."""
+    t, m, dv = 150, 16, 17
+    g = torch.Generator().manual_seed(3)
+    leaves = {
+        "q": torch.randn(B, H, t, m, generator=g) / 2,
+        "k": torch.randn(B, H, t, m, generator=g) / 2,
+        "v": torch.randn(B, H, t, dv, generator=g),
+        "log_decay": F.logsigmoid(torch.randn(B, H, t, generator=g) + 3),
+        "state": torch.randn(B, H, m, dv, generator=g),
+    }
+    leaves["log_decay"][0, 1, 64], leaves["log_decay"][1, 0, 100] = INF, INF
+    leaves = {n: x.to(DEVICE) for n, x in leaves.items()}
+    got, d_got = _run(causal_linear_attention, leaves, {"chunk": 16}, upcast=False)
+    want, d_want = _run(causal_linear_attention_reference, leaves, {"chunk": 16}, upcast=True)
+    for what, a, b in zip(["out", "state", *leaves], got + d_got, want + d_want):
+        _assert_close(a, b, TOL[torch.float32], what)
+    x = {n: v.detach().requires_grad_(True) for n, v in leaves.items()}
+    out, _ = causal_linear_attention(**x, chunk=16)
+    kept = [s for s in out.grad_fn.saved_tensors if s is not None and s.dim() == 4 and s.shape[0] == B * H]
+    assert [tuple(s.shape) for s in kept] == [(B * H, 4, m, dv)]  # 3 checkpoints and S_T, fp32
+
+
+@needs_kernel
 def test_a_reset_cuts_the_past_exactly() -> None:
     """After a -inf decay at r, nothing before r reaches an output: bit-identical outputs and zero gradients."""
     leaves, kw = _case("gates", torch.float32)
