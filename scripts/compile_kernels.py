@@ -1,6 +1,6 @@
 """Compile every Triton kernel launch of the fused path for a CUDA GPU, on a machine without one.
 
-    python scripts/compile_kernels.py                # sm_90 (H100, H200): every variant, writes docs/kernels.md
+    python scripts/compile_kernels.py                # sm_90 (H100, H200): every variant -> docs/kernels_sm90.md
     python scripts/compile_kernels.py --quick        # bf16, head dims 64 and 128, the attention kernels only
     python scripts/compile_kernels.py --arch 80      # A100
 
