@@ -28,20 +28,19 @@ def load_script():  # noqa: ANN201
 
 @pytest.mark.skipif(not _nvidia_tools(), reason="needs Triton with its NVIDIA backend (ptxas, cuobjdump)")
 def test_attention_and_linear_kernels_compile_for_sm90_and_fit_its_shared_memory(tmp_path: Path) -> None:
-    """The launches of causal, ALiBi and linear attention (Performer's m = 256 included) compile; none asks
-    for more shared memory than an H100/H200 has (the linear kernels once asked for 390 KiB)."""
+    """The launches of causal and linear attention (Performer's m = 256 included) compile; none asks for
+    more shared memory than an H100/H200 has (the linear kernels once asked for 390 KiB)."""
     out = tmp_path / "kernels.md"
     out.write_text("# Kernels\n\n<!-- compile_kernels:start -->\nold\n<!-- compile_kernels:end -->\nkept\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    args = ["--variants", "causal", "alibi", "linear", "--dtypes", "bf16", "--head-dims", "64", "--out", str(out)]
+    args = ["--variants", "causal", "linear", "--dtypes", "bf16", "--head-dims", "64", "--out", str(out)]
     res = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     text = out.read_text()
     assert "old" not in text and text.endswith("kept\n")
     rows = [line for line in text.splitlines() if line.startswith("| flash_attention.")]
-    # forward, dq and dk/dv for each variant: ALiBi's flag is a different specialisation, so six kernels
     assert [r.split(" | ")[0] for r in rows] == ["| flash_attention._fwd_kernel", "| flash_attention._dq_kernel",
-                                                 "| flash_attention._dkdv_kernel"] * 2  # fmt: skip
+                                                 "| flash_attention._dkdv_kernel"]  # fmt: skip
     linear = [line for line in text.splitlines() if line.startswith("| linear_attention.")]
     assert len(linear) == 6  # forward, backward and its finishing kernel, for m = 128 and 256
     for row in rows + linear:
