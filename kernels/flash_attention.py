@@ -681,12 +681,7 @@ def flash_attention(
     Raises RuntimeError where the kernels cannot run (``runtime.why_not``) and ValueError listing every
     problem of the inputs, before anything is launched.
     """
-    reason = runtime.why_not(q.device)
-    if reason is None and q.device.type == "cpu" and not _INTERPRETED:
-        reason = (
-            "TRITON_INTERPRET=1 was set after xfam.kernels.flash_attention was imported, so its kernels were "
-            "compiled for a GPU. Fix: set it before the import (tests/conftest.py does), or use a PyTorch backend."
-        )
+    reason = runtime.why_not(q.device, _INTERPRETED)
     if reason is not None:
         raise RuntimeError(f"flash_attention: {reason}")
     problems = _problems(

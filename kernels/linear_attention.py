@@ -329,13 +329,8 @@ def causal_linear_attention(
     (same) log w_t <= 0, -inf for a padded key; ``state`` S_0 ``[B, H, m, Dv]``; ``chunk`` a power of two
     >= 16 (a speed parameter only).
     """
-    if (reason := runtime.why_not(q.device)) is not None:
+    if (reason := runtime.why_not(q.device, _DECORATED_INTERPRETED)) is not None:
         raise RuntimeError(f"the causal linear-attention kernel cannot run here: {reason}")
-    if q.device.type == "cpu" and not _DECORATED_INTERPRETED:
-        raise RuntimeError(
-            "the causal linear-attention kernel cannot run here: TRITON_INTERPRET=1 was set after "
-            "xfam.kernels.linear_attention was imported. Fix: set it before the first import."
-        )
     _check(q, k, v, log_decay, key_logscale, state, chunk)
     b, h, t, _ = q.shape
     ld = None if log_decay is None else log_decay.broadcast_to(b, h, t)  # autograd sums the broadcast back

@@ -24,6 +24,8 @@ from torch import Tensor
 
 from xfam.kernels.runtime import interpreting, why_not
 
+_INTERPRETED = interpreting()  # the kernel below was decorated for Triton's interpreter
+
 
 @triton.jit
 def _rope_kernel(
@@ -94,7 +96,7 @@ class _Rope(torch.autograd.Function):
 def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     """Rotate the first ``r`` channels of ``x [B, H, S, Dh]`` by the tables ``cos, signed_sin [S, r]``
     (``Rope.rotary_tables``); the rest pass through. Differentiable in ``x``."""
-    if (reason := why_not(x.device)) is not None:
+    if (reason := why_not(x.device, _INTERPRETED)) is not None:
         raise RuntimeError(f"the fused RoPE kernel cannot run here: {reason}")
     if cos.shape != signed_sin.shape or cos.shape[0] != x.shape[2] or cos.shape[1] % 2 or cos.shape[1] > x.shape[3]:
         raise ValueError(f"tables {tuple(cos.shape)} do not fit x {tuple(x.shape)}: [S, r], r even, r <= Dh")

@@ -24,13 +24,20 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def why_not(device: torch.device) -> str | None:
-    """None when the kernels can run on ``device``; else the reason and the fix."""
+def why_not(device: torch.device, interpreted: bool | None = None) -> str | None:
+    """None when the kernels can run on ``device``; else the reason and the fix. ``interpreted``: whether the
+    caller's kernels were decorated for the interpreter (``interpreting()`` at its import), when it knows."""
     if not triton_installed():
         return "Triton is not installed (pip install triton; Linux only). Fix: backend=auto or a PyTorch backend."
     if device.type == "cuda":
         return None
     if device.type == "cpu" and interpreting():
+        if interpreted is False:
+            return (
+                "TRITON_INTERPRET=1 was set after the kernel modules were imported, so their kernels were compiled "
+                "for a GPU. Fix: set it before the first import of xfam.kernels (tests/conftest.py does), or use a "
+                "PyTorch backend."
+            )
         return None
     return (
         f"Triton kernels run on CUDA devices, or on CPU only under TRITON_INTERPRET=1 (a slow interpreter for "

@@ -129,8 +129,7 @@ def install(arch: int, log: list[dict[str, Any]], context: dict[str, Any]) -> No
     from xfam.kernels import flash_attention, linear_attention, rope, runtime
 
     triton.runtime.driver.set_active(_TargetDriver(arch))
-    runtime.why_not = rope.why_not = lambda device: None
-    flash_attention._INTERPRETED = linear_attention._DECORATED_INTERPRETED = True  # "set after import": not here
+    runtime.why_not = rope.why_not = lambda device, interpreted=None: None
     for module in (flash_attention, linear_attention, rope):
         for name, fn in list(vars(module).items()):
             if isinstance(fn, JITFunction) and name.endswith("_kernel"):  # launched, not called from a kernel

@@ -83,7 +83,7 @@ def test_auto_takes_the_kernel_only_on_cuda_for_calls_it_computes(monkeypatch: p
     assert fused.choose("vanilla", "auto", "torch", q, mask, None, 0.0, ToyModifier(16, 0.1, 0.1)) == "torch"
     assert "torch path (a score modifier (ToyModifier) needs explicit scores)" in caplog.text
     monkeypatch.setattr(fused, "on_cuda", lambda x: True)
-    monkeypatch.setattr(runtime, "why_not", lambda device: None)
+    monkeypatch.setattr(runtime, "why_not", lambda device, interpreted=None: None)
     assert fused.choose("vanilla", "auto", "sdpa", q, mask, None, 0.0) == "triton"
     assert fused.choose("vanilla", "auto", "sdpa", q, mask, None, 0.1) == "sdpa"  # dropout
     assert fused.choose("vanilla", "auto", "sdpa", q[:, :, :1], AttnMask(1, 8, causal=True), None, 0.0) == "sdpa"
@@ -112,3 +112,12 @@ def test_the_command_line_refuses_triton_where_it_cannot_run(monkeypatch: pytest
         return
     with pytest.raises(ConfigError, match="attention.backend=triton: Triton kernels run on CUDA.*Fix: backend=auto"):
         check_machine(cfg)
+
+
+@pytest.mark.skipif(not runtime.interpreting(), reason="CPU kernels need Triton's interpreter (TRITON_INTERPRET=1)")
+def test_kernels_decorated_before_the_interpreter_was_switched_on_are_refused_with_the_fix() -> None:
+    """One check in runtime serves every kernel module: compiled-for-GPU kernels never meet CPU tensors."""
+    cpu = torch.device("cpu")
+    assert runtime.why_not(cpu, interpreted=True) is None and runtime.why_not(cpu) is None
+    reason = runtime.why_not(cpu, interpreted=False)
+    assert "TRITON_INTERPRET=1 was set after the kernel modules were imported" in reason and "Fix:" in reason

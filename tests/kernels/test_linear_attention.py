@@ -201,7 +201,7 @@ def test_kernel_equals_causal_sums() -> None:
 
 
 def test_refuses_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime, "why_not", lambda device: "no GPU here. Fix: backend=auto")
+    monkeypatch.setattr(runtime, "why_not", lambda device, interpreted=None: "no GPU here. Fix: backend=auto")
     x = torch.randn(1, 1, 4, 8)
     with pytest.raises(RuntimeError, match="cannot run here: no GPU here"):
         causal_linear_attention(x, x, x)

@@ -47,6 +47,6 @@ def test_gradient_is_the_inverse_rotation(dtype: torch.dtype) -> None:
 def test_refuses_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     import xfam.kernels.rope as module
 
-    monkeypatch.setattr(module, "why_not", lambda device: "no GPU here. Fix: backend=auto")
+    monkeypatch.setattr(module, "why_not", lambda device, interpreted=None: "no GPU here. Fix: backend=auto")
     with pytest.raises(RuntimeError, match="cannot run here: no GPU here"):
         rope(torch.randn(1, 1, 4, 8), torch.ones(4, 8), torch.zeros(4, 8))
