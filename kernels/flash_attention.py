@@ -120,19 +120,24 @@ def _score_tile(
     HAS_ALIBI: tl.constexpr,
     HAS_TABLE: tl.constexpr,
     HAS_SPAN: tl.constexpr,
+    BOUNDARY: tl.constexpr,
 ):
     """Scores of one tile in the log2 domain, ``-inf`` where masked: ``(s2, valid, bucket, span_w)``.
 
-    ``bucket`` (T5 bucket of each pair) and ``span_w`` (``d s / d z``: ``1 / (R m)`` on the ramp, else 0)
-    serve the backward; a kernel that does not use them lets the compiler drop them.
+    ``BOUNDARY=False`` promises that every pair of the tile is in bounds, causal and within the window (and,
+    with a layout, that ``ok`` is all True): those tests are then not made, and without padding, documents
+    or span nothing is masked. ``bucket`` (T5 bucket of each pair) and ``span_w`` (``d s / d z``: ``1 / (R m)``
+    on the ramp, else 0) serve the backward; a kernel that does not use them lets the compiler drop them.
     """
     off = Sk - Sq
     dist = (off + offs_m)[:, None] - offs_n[None, :]  # [BM, BN] qpos - kpos
-    valid = ok & (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk) & (offs_n[None, :] >= 0)
-    if CAUSAL:
-        valid = valid & (dist >= 0)
-    if HAS_WINDOW:
-        valid = valid & (tl.abs(dist) < window)
+    valid = ok
+    if BOUNDARY:
+        valid = valid & (offs_m[:, None] < Sq) & (offs_n[None, :] < Sk) & (offs_n[None, :] >= 0)
+        if CAUSAL:
+            valid = valid & (dist >= 0)
+        if HAS_WINDOW:
+            valid = valid & (tl.abs(dist) < window)
     if HAS_PAD:
         real = tl.load(KP + b * stride_kp + offs_n, mask=(offs_n < Sk) & (offs_n >= 0), other=0)  # [BN]
         valid = valid & (real != 0)[None, :]
@@ -192,12 +197,111 @@ def _query_blocks(n0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BL
 
 
 @_jit
-def _layout_tile(LIDX, LOK, hp, qb, slot, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc, BLOCK: tl.constexpr):
-    """Key indices ``[BLOCK]`` and element mask ``[BLOCK, BLOCK]`` of layout entry ``(hp, qb, slot)``."""
+def _full_key_blocks(m0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key blocks ``[lo, hi)`` that every query of ``m0 .. m0 + BLOCK_M - 1`` sees whole: in bounds, causal,
+    ``|qpos - kpos| < w`` for each pair (no positional mask needed); empty when the query block passes Sq."""
+    q_first = Sk - Sq + m0
+    q_last = q_first + BLOCK_M - 1
+    lo = (tl.maximum(q_last - w + 1, 0) + BLOCK_N - 1) // BLOCK_N  # first key >= q_last - w + 1
+    hi = Sk // BLOCK_N  # last key < Sk
+    if CAUSAL:
+        hi = tl.minimum(hi, (q_first + 1) // BLOCK_N)  # last key <= q_first
+    else:
+        hi = tl.minimum(hi, (q_first + w) // BLOCK_N)  # last key < q_first + w
+    return lo, tl.where(m0 + BLOCK_M <= Sq, hi, 0)
+
+
+@_jit
+def _full_query_blocks(n0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query blocks ``[lo, hi)`` that see every key of ``n0 .. n0 + BLOCK_N - 1`` (as ``_full_key_blocks``);
+    empty when the key block passes Sk."""
+    off = Sk - Sq
+    if CAUSAL:
+        lo = (tl.maximum(n0 + BLOCK_N - 1 - off, 0) + BLOCK_M - 1) // BLOCK_M  # first qpos >= last key
+    else:
+        lo = (tl.maximum(n0 + BLOCK_N - off - w, 0) + BLOCK_M - 1) // BLOCK_M  # first qpos > last key - w
+    hi = tl.minimum(Sq // BLOCK_M, tl.maximum(n0 + w - off, 0) // BLOCK_M)  # last query < Sq, < first key + w
+    return lo, tl.where(n0 + BLOCK_N <= Sk, hi, 0)
+
+
+@_jit
+def _phase(PHASE: tl.constexpr, lo, whole_lo, whole_hi, hi):
+    """Loop bounds of phase 0, the whole tiles ``[whole_lo, whole_hi)``, or phase 1, the masked ones: ``[lo,
+    whole_lo)`` then ``[whole_hi, hi)``, numbered on (one loop: a second would cost registers, sm_90)."""
+    if PHASE == 0:
+        a, z = whole_lo, whole_hi
+    else:
+        a, z = 0, (whole_lo - lo) + (hi - whole_hi)
+    return a, z
+
+
+@_jit
+def _tile(PHASE: tl.constexpr, i, lo, whole_lo, whole_hi):
+    """Tile index of iteration ``i`` of phase ``PHASE`` (``_phase``)."""
+    if PHASE == 0:
+        t = i
+    else:
+        t = tl.where(i < whole_lo - lo, lo + i, whole_hi + i - (whole_lo - lo))
+    return t
+
+
+@_jit
+def _nest(lo, full_lo, full_hi, hi):
+    """``(full_lo, full_hi, hi)`` with ``lo <= full_lo <= full_hi <= hi`` (an empty loop stays empty)."""
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    return full_lo, tl.minimum(tl.maximum(full_hi, full_lo), hi), hi
+
+
+@_jit
+def _layout_tile(
+    LIDX, LOK, hp, qb, slot, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc, BLOCK: tl.constexpr, WHOLE: tl.constexpr
+):
+    """Key indices ``[BLOCK]`` and element mask ``[BLOCK, BLOCK]`` of layout entry ``(hp, qb, slot)``
+    (all True, not loaded, for a ``WHOLE`` entry)."""
     kb = tl.load(LIDX + hp * s_ih + qb * s_iq + slot * s_ik)
     offs_n = kb * BLOCK + tl.arange(0, BLOCK)
-    rows, cols = tl.arange(0, BLOCK), slot * BLOCK + tl.arange(0, BLOCK)
-    ok = tl.load(LOK + hp * s_oh + qb * s_oq + rows[:, None] * s_or + cols[None, :] * s_oc) != 0
+    if WHOLE:
+        ok = tl.full([BLOCK, BLOCK], 1, tl.int1)
+    else:
+        rows, cols = tl.arange(0, BLOCK), slot * BLOCK + tl.arange(0, BLOCK)
+        ok = tl.load(LOK + hp * s_oh + qb * s_oq + rows[:, None] * s_or + cols[None, :] * s_oc) != 0
+    return offs_n, ok
+
+
+@_jit
+def _key_loop(
+    pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
+    CAUSAL: tl.constexpr, HAS_SPAN: tl.constexpr, HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The key loop of query block ``pid_m``, head ``h``: layout head row ``hp`` and the tiles
+    ``lo <= whole_lo <= whole_hi <= hi``, those in ``[whole_lo, whole_hi)`` needing no positional mask.
+    A layout lists its whole entries first (``NWHOLE [Hp, nQ]`` of them)."""
+    if HAS_LAYOUT:
+        hp = h if LAYOUT_PER_HEAD else 0
+        lo, whole_lo, hi = 0, 0, NKB
+        whole_hi = tl.load(NWHOLE + hp * s_wh + pid_m)
+    else:
+        hp = 0
+        w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
+        lo, hi = _key_blocks(pid_m * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        whole_lo, whole_hi = _full_key_blocks(pid_m * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        whole_lo, whole_hi, hi = _nest(lo, whole_lo, whole_hi, hi)
+    return hp, lo, whole_lo, whole_hi, hi
+
+
+@_jit
+def _key_tile(
+    t, hp, qb, LIDX, LOK, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc,
+    HAS_LAYOUT: tl.constexpr, WHOLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Key indices ``[BN]`` and layout element mask ``[BM, BN]`` of tile ``t`` of query block ``qb``'s loop."""
+    if HAS_LAYOUT:
+        offs_n, ok = _layout_tile(LIDX, LOK, hp, qb, t, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc, BLOCK_N, WHOLE)
+    else:
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     return offs_n, ok
 
 
@@ -210,7 +314,7 @@ def _fwd_kernel(
     s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd, s_ob, s_oh, s_os, s_od,
     H, G, Sq, Sk, DH, qk_scale, window, ramp,
     KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
-    LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB,
+    LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB, NWHOLE, s_wh,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, HAS_SEG: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
     HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, MAY_BE_EMPTY: tl.constexpr,
@@ -232,32 +336,32 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running max (finite: no inf - inf)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if HAS_LAYOUT:
-        hp = h if LAYOUT_PER_HEAD else 0
-        t_lo, t_hi = 0, NKB
-    else:
-        w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
-        t_lo, t_hi = _key_blocks(pid_m * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-    for t in range(t_lo, t_hi):
-        if HAS_LAYOUT:
-            offs_n, ok = _layout_tile(LIDX, LOK, hp, pid_m, t, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc, BLOCK_N)
-        else:
-            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-            ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-        k = _load_rows(Kh, offs_n, offs_d, s_ks, s_kd, Sk, DH, UPCAST)  # [BN, BD]
-        v = _load_rows(Vh, offs_n, offs_d, s_vs, s_vd, Sk, DH, UPCAST)  # [BN, BD]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
-        s, _, _, _ = _score_tile(
-            qk, offs_m, offs_n, ok, b, h, Sq, Sk, window, qk_scale, ramp,
-            KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
-            CAUSAL, HAS_WINDOW, HAS_PAD, HAS_SEG, HAS_ALIBI, HAS_TABLE, HAS_SPAN,
-        )  # fmt: skip
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])  # [BM, BN], 0 where masked
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    hp, t_lo, f_lo, f_hi, t_hi = _key_loop(
+        pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
+        CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+    for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
+        a, z = _phase(phase, t_lo, f_lo, f_hi, t_hi)
+        for i in range(a, z):
+            t = _tile(phase, i, t_lo, f_lo, f_hi)
+            offs_n, ok = _key_tile(
+                t, hp, pid_m, LIDX, LOK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc,
+                HAS_LAYOUT, phase == 0, BLOCK_M, BLOCK_N,
+            )  # fmt: skip
+            k = _load_rows(Kh, offs_n, offs_d, s_ks, s_kd, Sk, DH, UPCAST)  # [BN, BD]
+            v = _load_rows(Vh, offs_n, offs_d, s_vs, s_vd, Sk, DH, UPCAST)  # [BN, BD]
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
+            s, _, _, _ = _score_tile(
+                qk, offs_m, offs_n, ok, b, h, Sq, Sk, window, qk_scale, ramp,
+                KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
+                CAUSAL, HAS_WINDOW, HAS_PAD, HAS_SEG, HAS_ALIBI, HAS_TABLE, HAS_SPAN, phase == 1,
+            )  # fmt: skip
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])  # [BM, BN], 0 where masked
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+            m_i = m_new
 
     empty = l_i == 0.0  # the query saw no key
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -279,7 +383,7 @@ def _dq_kernel(
     s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd, s_db, s_dh, s_ds, s_dd,
     H, G, Sq, Sk, DH, NB, qk_scale, window, ramp,
     KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
-    LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB,
+    LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB, NWHOLE, s_wh,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, HAS_SEG: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
     HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, TABLE_GRAD: tl.constexpr, SPAN_GRAD: tl.constexpr,
@@ -304,34 +408,34 @@ def _dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dspan = tl.zeros([BLOCK_M], dtype=tl.float32)  # per query row, summed at the end
-    if HAS_LAYOUT:
-        hp = h if LAYOUT_PER_HEAD else 0
-        t_lo, t_hi = 0, NKB
-    else:
-        w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
-        t_lo, t_hi = _key_blocks(pid_m * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-    for t in range(t_lo, t_hi):
-        if HAS_LAYOUT:
-            offs_n, ok = _layout_tile(LIDX, LOK, hp, pid_m, t, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc, BLOCK_N)
-        else:
-            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-            ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-        k = _load_rows(Kh, offs_n, offs_d, s_ks, s_kd, Sk, DH, UPCAST)  # [BN, BD]
-        v = _load_rows(Vh, offs_n, offs_d, s_vs, s_vd, Sk, DH, UPCAST)  # [BN, BD]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
-        s, valid, bucket, span_w = _score_tile(
-            qk, offs_m, offs_n, ok, b, h, Sq, Sk, window, qk_scale, ramp,
-            KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
-            CAUSAL, HAS_WINDOW, HAS_PAD, HAS_SEG, HAS_ALIBI, HAS_TABLE, HAS_SPAN,
-        )  # fmt: skip
-        p = tl.exp2(s - lse[:, None])  # [BM, BN] probabilities, recomputed
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)  # [BM, BN]
-        ds = p * (dp - delta[:, None])  # dL / d score (natural units)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
-        if TABLE_GRAD:
-            tl.atomic_add(DTABLE + pid_bh.to(tl.int64) * NB + bucket, ds, mask=valid)
-        if SPAN_GRAD:
-            dspan += tl.sum(ds * span_w, 1)
+    hp, t_lo, f_lo, f_hi, t_hi = _key_loop(
+        pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
+        CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
+    for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
+        a, z = _phase(phase, t_lo, f_lo, f_hi, t_hi)
+        for i in range(a, z):
+            t = _tile(phase, i, t_lo, f_lo, f_hi)
+            offs_n, ok = _key_tile(
+                t, hp, pid_m, LIDX, LOK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc,
+                HAS_LAYOUT, phase == 0, BLOCK_M, BLOCK_N,
+            )  # fmt: skip
+            k = _load_rows(Kh, offs_n, offs_d, s_ks, s_kd, Sk, DH, UPCAST)  # [BN, BD]
+            v = _load_rows(Vh, offs_n, offs_d, s_vs, s_vd, Sk, DH, UPCAST)  # [BN, BD]
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
+            s, valid, bucket, span_w = _score_tile(
+                qk, offs_m, offs_n, ok, b, h, Sq, Sk, window, qk_scale, ramp,
+                KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
+                CAUSAL, HAS_WINDOW, HAS_PAD, HAS_SEG, HAS_ALIBI, HAS_TABLE, HAS_SPAN, phase == 1,
+            )  # fmt: skip
+            p = tl.exp2(s - lse[:, None])  # [BM, BN] probabilities, recomputed
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)  # [BM, BN]
+            ds = p * (dp - delta[:, None])  # dL / d score (natural units)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
+            if TABLE_GRAD:
+                tl.atomic_add(DTABLE + pid_bh.to(tl.int64) * NB + bucket, ds, mask=valid)
+            if SPAN_GRAD:
+                dspan += tl.sum(ds * span_w, 1)
     dq = dq * (qk_scale * 0.6931471805599453)  # qk_scale / log2(e): the softmax scale
     row_ok = (offs_m[:, None] < Sq) & (offs_d[None, :] < DH)
     dq_ptr = DQ + b64 * s_db + h64 * s_dh + offs_m[:, None] * s_ds + offs_d[None, :] * s_dd  # DQ has DO's strides
@@ -342,12 +446,12 @@ def _dq_kernel(
 
 @_jit
 def _dkdv_kernel(
-    Q, K, V, DO, DK, DV, LSE, DELTA, RSTART, RFLAT, s_rh, s_fh,
+    Q, K, V, DO, DK, DV, LSE, DELTA, RSTART, RWHOLE, RFLAT, s_rh, s_fh,
     s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd, s_db, s_dh, s_ds, s_dd,
     s_gb, s_gh, s_gs, s_gd,
     H, G, Sq, Sk, DH, qk_scale, window, ramp,
     KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
-    LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB,
+    LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB, NWHOLE, s_wh,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, HAS_SEG: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
     HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr,
@@ -371,38 +475,47 @@ def _dkdv_kernel(
         h64 = h.to(tl.int64)
         Qh = Q + b64 * s_qb + h64 * s_qh
         DOh = DO + b64 * s_db + h64 * s_dh
-        if HAS_LAYOUT:  # the (query block, slot) entries listing this key block: a CSR row
+        if HAS_LAYOUT:  # the (query block, slot) entries listing this key block, whole ones first: a CSR row
             hp = h if LAYOUT_PER_HEAD else 0
             t_lo = tl.load(RSTART + hp * s_rh + pid_n)
+            f_lo, f_hi = t_lo, tl.load(RWHOLE + hp * s_rh + pid_n)
             t_hi = tl.load(RSTART + hp * s_rh + pid_n + 1)
         else:
+            hp = 0
             w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
             t_lo, t_hi = _query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-        for t in range(t_lo, t_hi):
-            if HAS_LAYOUT:
-                entry = tl.load(RFLAT + hp * s_fh + t)  # query block * NKB + slot
-                qb, slot = entry // NKB, entry % NKB
-                offs_m = qb * BLOCK_M + tl.arange(0, BLOCK_M)
-                _, ok = _layout_tile(LIDX, LOK, hp, qb, slot, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc, BLOCK_N)
-            else:
-                offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
-                ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-            q = _load_rows(Qh, offs_m, offs_d, s_qs, s_qd, Sq, DH, UPCAST)  # [BM, BD]
-            do = _load_rows(DOh, offs_m, offs_d, s_ds, s_dd, Sq, DH, UPCAST)  # [BM, BD]
-            row = (b64 * H + h64) * Sq + offs_m
-            lse = tl.load(LSE + row, mask=offs_m < Sq, other=float("inf"))
-            delta = tl.load(DELTA + row, mask=offs_m < Sq, other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
-            s, _, _, _ = _score_tile(
-                qk, offs_m, offs_n, ok, b, h, Sq, Sk, window, qk_scale, ramp,
-                KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
-                CAUSAL, HAS_WINDOW, HAS_PAD, HAS_SEG, HAS_ALIBI, HAS_TABLE, HAS_SPAN,
-            )  # fmt: skip
-            p = tl.exp2(s - lse[:, None])  # [BM, BN]
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PREC)
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
-            ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PREC)
+            f_lo, f_hi = _full_query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+            f_lo, f_hi, t_hi = _nest(t_lo, f_lo, f_hi, t_hi)
+        for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
+            a, z = _phase(phase, t_lo, f_lo, f_hi, t_hi)
+            for i in range(a, z):
+                t = _tile(phase, i, t_lo, f_lo, f_hi)
+                if HAS_LAYOUT:
+                    entry = tl.load(RFLAT + hp * s_fh + t)  # query block * NKB + slot
+                    qb, slot = entry // NKB, entry % NKB
+                    offs_m = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+                    _, ok = _layout_tile(
+                        LIDX, LOK, hp, qb, slot, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc, BLOCK_N, phase == 0
+                    )
+                else:
+                    offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
+                    ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+                q = _load_rows(Qh, offs_m, offs_d, s_qs, s_qd, Sq, DH, UPCAST)  # [BM, BD]
+                do = _load_rows(DOh, offs_m, offs_d, s_ds, s_dd, Sq, DH, UPCAST)  # [BM, BD]
+                row = (b64 * H + h64) * Sq + offs_m
+                lse = tl.load(LSE + row, mask=offs_m < Sq, other=float("inf"))
+                delta = tl.load(DELTA + row, mask=offs_m < Sq, other=0.0)
+                qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BM, BN]
+                s, _, _, _ = _score_tile(
+                    qk, offs_m, offs_n, ok, b, h, Sq, Sk, window, qk_scale, ramp,
+                    KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
+                    CAUSAL, HAS_WINDOW, HAS_PAD, HAS_SEG, HAS_ALIBI, HAS_TABLE, HAS_SPAN, phase == 1,
+                )  # fmt: skip
+                p = tl.exp2(s - lse[:, None])  # [BM, BN]
+                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PREC)
+                dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+                ds = p * (dp - delta[:, None])
+                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PREC)
     dk = dk * (qk_scale * 0.6931471805599453)
     out = b64 * s_gb + hk64 * s_gh + offs_n[:, None] * s_gs + offs_d[None, :] * s_gd
     col_ok = (offs_n[:, None] < Sk) & (offs_d[None, :] < DH)
@@ -438,7 +551,7 @@ def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> 
         stages = 2 if 2 * 2 * layout_block * dh * size <= 96 * 1024 else 1
         return _Tiles(layout_block, layout_block, 4 if layout_block * dh <= 64 * 64 else 8, stages)
     if runtime.interpreting():
-        return _Tiles(32, 32, 1, 1)
+        return _Tiles(32, 16, 1, 1)
     half = size == 2  # fp32 tiles take twice the registers and shared memory
     table = {  # (kind, dh bound) -> (half tiles, fp32 tiles); fp32 (FMA dots) needs more warps for its registers
         ("fwd", 64): (_Tiles(128, 64, 8, 3), _Tiles(64, 32, 8, 2)),
@@ -465,7 +578,7 @@ class _Extras(NamedTuple):
     alibi_slopes: Tensor | None  # [H]
     bias_buckets: Tensor | None  # [2 Sk - 1] int
     span_ramp: float
-    layout: tuple[Tensor, Tensor] | None  # [Hp, nQ, K] int, [Hp, nQ, block, K*block] bool
+    layout: BlockLayout | None
     block: int
     scale: float
 
@@ -479,7 +592,7 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
     _, h, s_q, dh = q.shape
     s_k = k.shape[2]
     as_bytes = lambda t: None if t is None else t.view(torch.uint8)  # noqa: E731  (bool: no copy)
-    lidx, lok = ex.layout if ex.layout is not None else (None, None)
+    lidx, lok, whole = ex.layout[:3] if ex.layout is not None else (None, None, None)
     if q.dtype == torch.float32:
         prec = "tf32" if not runtime.interpreting() and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     else:
@@ -496,7 +609,7 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
         s_ik=0 if lidx is None else lidx.stride(2),
         LOK=as_bytes(lok), s_oh_=0 if lok is None else lok.stride(0), s_oq=0 if lok is None else lok.stride(1),
         s_or=0 if lok is None else lok.stride(2), s_oc=0 if lok is None else lok.stride(3),
-        NKB=0 if lidx is None else lidx.shape[2],
+        NKB=0 if lidx is None else lidx.shape[2], NWHOLE=whole, s_wh=0 if whole is None else whole.stride(0),
         CAUSAL=ex.causal, HAS_WINDOW=ex.window is not None, HAS_PAD=ex.key_padding is not None,
         HAS_SEG=ex.segments is not None, HAS_ALIBI=ex.alibi_slopes is not None, HAS_TABLE=table is not None,
         HAS_SPAN=span is not None, HAS_LAYOUT=lidx is not None,
@@ -513,17 +626,55 @@ def _launch(kind: str, q: Tensor, feat: dict, ex: _Extras) -> tuple[dict, int]:
     return opts, t.block_n if kind == "dkdv" else t.block_m
 
 
-def _transpose_layout(idx: Tensor, ok: Tensor, n_k: int, block: int) -> tuple[Tensor, Tensor]:
-    """The layout seen from the keys, as CSR rows: for key block j of head row hp, the entries
-    ``flat[hp, start[hp, j] : start[hp, j + 1]]`` are the (query block * K + slot) that list it with at
-    least one visible pair. ``start [Hp, nK + 1]``, ``flat [Hp, nQ * K]`` int32."""
+class BlockLayout(NamedTuple):
+    """A block-sparse layout prepared for the kernels by ``prepare_layout``, for one call shape (``shape``)."""
+
+    idx: Tensor  # [Hp, nQ, K] int: key block of each entry, each query block's whole entries first
+    ok: Tensor  # [Hp, nQ, block, K*block] bool: element mask (rows: queries, columns: the entries' keys)
+    n_whole: Tensor  # [Hp, nQ] int32: entries 0..n-1 of the query block are whole (every pair visible)
+    k_start: Tensor  # [Hp, nK + 1] int32: the entries listing key block j are k_flat[k_start[j] : k_start[j + 1]],
+    k_whole: Tensor  # [Hp, nK + 1] int32: ... the whole ones first, k_flat[k_start[j] : k_whole[j]]
+    k_flat: Tensor  # [Hp, nQ * K] int32: (query block * K + slot) of each entry, by key block
+    shape: tuple  # (block, Sq, Sk, causal, window) the whole entries were judged for
+
+
+def prepare_layout(
+    layout: tuple[Tensor, Tensor], block: int, s_q: int, s_k: int, causal: bool, window: int | None
+) -> BlockLayout:
+    """``(idx [Hp, nQ, K], ok [Hp, nQ, block, K*block])`` ready for the kernels: the entries whose every pair
+    is visible (in bounds, causal, in the window, ``ok`` all True) go first in their query block, and skip the
+    element mask and positional tests in-kernel; the transpose (for dk, dv) lists, for each key block, the
+    entries that see it, whole ones first. ``flash_attention`` prepares a plain layout on each call: callers
+    that repeat one (xfam's sparse engine, benchmarks) prepare it once."""
+    idx, ok = layout
     hp, n_q, slots = idx.shape
-    used = ok.reshape(hp, n_q, block, slots, block).any(dim=4).any(dim=2)  # [Hp, nQ, K]
-    keyed = torch.where(used, idx.long(), n_k).reshape(hp, n_q * slots)  # unused entries sort last
-    keyed, order = keyed.sort(dim=-1, stable=True)
-    bounds = torch.arange(n_k + 1, device=idx.device).expand(hp, -1).contiguous()
-    start = torch.searchsorted(keyed, bounds)  # [Hp, nK + 1]
-    return start.to(torch.int32).contiguous(), order.to(torch.int32).contiguous()
+    n_k = -(-s_k // block)
+    dev = idx.device
+    q_first = (s_k - s_q + torch.arange(n_q, device=dev) * block).view(1, n_q, 1)  # [1, nQ, 1]
+    q_last = q_first + block - 1
+    k_first = idx.long() * block  # [Hp, nQ, K]
+    k_last = k_first + block - 1
+    whole = (q_last - (s_k - s_q) < s_q) & (k_first >= 0) & (k_last < s_k)
+    if causal:
+        whole &= k_last <= q_first
+    if window is not None:
+        whole &= (q_last - k_first < window) & (k_last - q_first < window)
+    cells = ok.view(hp, n_q, block, slots, block)
+    whole &= cells.all(dim=4).all(dim=2)  # [Hp, nQ, K]
+    order = torch.sort((~whole).to(torch.int8), dim=-1, stable=True).indices  # whole entries first
+    idx = idx.gather(-1, order).contiguous()
+    ok = cells.gather(3, order.view(hp, n_q, 1, slots, 1).expand_as(cells)).view(hp, n_q, block, slots * block)
+    n_whole = whole.sum(-1, dtype=torch.int32)  # [Hp, nQ]
+    # the transpose: entries sorted by (key block, partial), unused ones (nothing visible) last
+    used = cells.any(dim=4).any(dim=2).gather(-1, order)  # [Hp, nQ, K]
+    partial = torch.arange(slots, device=dev) >= n_whole[..., None]
+    keyed = torch.where(used, idx.long() * 2 + partial, 2 * n_k).reshape(hp, n_q * slots)
+    keyed, flat = keyed.sort(dim=-1, stable=True)
+    bounds = (torch.arange(n_k + 1, device=dev) * 2).expand(hp, -1).contiguous()
+    start, mid = torch.searchsorted(keyed, bounds), torch.searchsorted(keyed, bounds + 1)  # [Hp, nK + 1]
+    i32 = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+    shape = (block, s_q, s_k, causal, window)
+    return BlockLayout(idx, ok.contiguous(), n_whole, i32(start), i32(mid), i32(flat), shape)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -565,12 +716,11 @@ class _FlashAttention(torch.autograd.Function):
 
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [B, Hkv, Sk, Dh]
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        start = flat = None
-        if ex.layout is not None:
-            start, flat = _transpose_layout(*ex.layout, triton.cdiv(s_k, ex.block), ex.block)
+        lay = ex.layout
+        start, whole, flat = (None, None, None) if lay is None else (lay.k_start, lay.k_whole, lay.k_flat)
         opts, tile = _launch("dkdv", q, feat, ex)
         _dkdv_kernel[(triton.cdiv(s_k, tile), bsz * h_kv)](
-            q, k, v, do, dk, dv, lse, delta, start, flat,
+            q, k, v, do, dk, dv, lse, delta, start, whole, flat,
             0 if start is None else start.stride(0), 0 if flat is None else flat.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), **feat, **opts,
         )  # fmt: skip
@@ -590,6 +740,7 @@ def _problems(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    causal: bool,
     window: int | None,
     key_padding: Tensor | None,
     segments: Tensor | None,
@@ -598,7 +749,7 @@ def _problems(
     bias_buckets: Tensor | None,
     span: Tensor | None,
     span_ramp: float,
-    layout: tuple[Tensor, Tensor] | None,
+    layout: tuple[Tensor, Tensor] | BlockLayout | None,
     block: int,
 ) -> list[str]:
     """Every reason the inputs are not a valid call (shapes, dtypes, devices); empty when valid."""
@@ -641,8 +792,11 @@ def _problems(
         out.append(f"bias_buckets must be integer [2 Sk - 1] = [{2 * s_k - 1}], got {tuple(bias_buckets.shape)}")
     if span is not None and span_ramp <= 0:
         out.append(f"span_ramp={span_ramp} must be > 0")
+    if isinstance(layout, BlockLayout) and layout.shape != (block, s_q, s_k, causal, window):
+        out.append(f"the layout was prepared for (block, Sq, Sk, causal, window) = {layout.shape}, not for this "
+                   f"call's {(block, s_q, s_k, causal, window)}: prepare_layout it for this call")  # fmt: skip
     if layout is not None:
-        idx, ok = layout
+        idx, ok = layout[:2]
         n_q = -(-s_q // block)
         if block < 16 or block & (block - 1):
             out.append(f"block={block} must be a power of two >= 16 (the kernel's tile)")
@@ -651,7 +805,7 @@ def _problems(
                        f"{tuple(idx.shape)}")  # fmt: skip
         elif tuple(ok.shape) != (want := (idx.shape[0], n_q, block, idx.shape[2] * block)) or ok.dtype != torch.bool:
             out.append(f"layout block_ok must be bool [Hp, nQ, block, K*block] = {list(want)}, got {tuple(ok.shape)}")
-    tensors = (k, v, key_padding, segments, alibi_slopes, bias_table, bias_buckets, span, *(layout or ()))
+    tensors = (k, v, key_padding, segments, alibi_slopes, bias_table, bias_buckets, span, *(layout or ())[:2])
     if any(t is not None and t.device != q.device for t in tensors):
         out.append(f"every tensor must be on q's device ({q.device})")
     return out
@@ -671,12 +825,13 @@ def flash_attention(
     bias_buckets: Tensor | None = None,
     span: Tensor | None = None,
     span_ramp: float = 32.0,
-    layout: tuple[Tensor, Tensor] | None = None,
+    layout: tuple[Tensor, Tensor] | BlockLayout | None = None,
     block: int = 64,
     scale: float | None = None,
 ) -> Tensor:
     """Fused softmax attention ``[B, H, Sq, Dh]`` in q's dtype, differentiable in q, k, v, ``bias_table``
-    and ``span`` (see the module docstring; the arguments are those of ``flash_attention_reference``).
+    and ``span`` (see the module docstring; the arguments are those of ``flash_attention_reference``;
+    a ``layout`` may come ``prepare_layout``d for the call, which saves preparing it on each call).
 
     Raises RuntimeError where the kernels cannot run (``runtime.why_not``) and ValueError listing every
     problem of the inputs, before anything is launched.
@@ -685,10 +840,13 @@ def flash_attention(
     if reason is not None:
         raise RuntimeError(f"flash_attention: {reason}")
     problems = _problems(
-        q, k, v, window, key_padding, segments, alibi_slopes, bias_table, bias_buckets, span, span_ramp, layout, block
-    )
+        q, k, v, causal, window, key_padding, segments, alibi_slopes, bias_table, bias_buckets, span, span_ramp,
+        layout, block,
+    )  # fmt: skip
     if problems:
         raise ValueError("flash_attention: " + "; ".join(problems))
+    if layout is not None and not isinstance(layout, BlockLayout):
+        layout = prepare_layout(layout, block, q.shape[2], k.shape[2], causal, window)
     contiguous = lambda t: None if t is None else t.contiguous()  # noqa: E731  (the kernels step by 1 along Sk, H)
     ex = _Extras(
         causal=causal,
@@ -708,9 +866,9 @@ def flash_attention(
 # -- reference --------------------------------------------------------------------------------------------
 
 
-def layout_dense(layout: tuple[Tensor, Tensor], block: int, s_q: int, s_k: int) -> Tensor:
+def layout_dense(layout: tuple[Tensor, Tensor] | BlockLayout, block: int, s_q: int, s_k: int) -> Tensor:
     """A block-sparse layout as the ``[Hp, Sq, Sk]`` bool mask of the pairs it lets a query see."""
-    idx, ok = layout  # [Hp, nQ, K], [Hp, nQ, block, K*block]
+    idx, ok = layout[:2]  # [Hp, nQ, K], [Hp, nQ, block, K*block]
     hp, n_q, slots = idx.shape
     within = torch.arange(block, device=idx.device)
     keys = (idx.long()[..., None] * block + within).reshape(hp, n_q, 1, slots * block).expand_as(ok)

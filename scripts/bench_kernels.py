@@ -125,7 +125,9 @@ def case_inputs(cfg: Config, device: Any, dtype: Any, block: int) -> dict[str, A
         geo = geometry(pattern, AttnMask(q_len=n, k_len=n), device)
         kb = geo.idx.shape[-1] * block
         ok = geo.ok[..., :kb]  # [Hp, nQ, b, K*b]: the block part
-        out["kernel"] = {"layout": (geo.idx, ok), "block": block}
+        from xfam.kernels.flash_attention import prepare_layout
+
+        out["kernel"] = {"layout": prepare_layout((geo.idx, ok), block, n, n, False, None), "block": block}
         dense = torch.zeros(ok.shape[0], n, n, dtype=torch.bool, device=device)  # [Hp, L, L]
         keys = (geo.idx[..., :, None] * block + torch.arange(block, device=device)).flatten(-2)  # [Hp, nQ, K*b]
         rows = torch.arange(n, device=device).view(-1, block)  # [nQ, b]

@@ -173,7 +173,7 @@ def _bigbird(h: int, s_k: int) -> BigBirdPattern:
 
 # name: (B, H, Hkv, Sq, Sk, Dh, feature kwargs builder)
 CASES = {
-    "causal_gqa_odd_length": (2, 4, 2, 45, 45, 32, lambda: {"causal": True}),
+    "causal_gqa_odd_length": (1, 4, 2, 77, 77, 32, lambda: {"causal": True}),
     "bidirectional_prefix_padding": (2, 2, 2, 37, 53, 64, lambda: {"key_padding": padding(2, 53, 5, 9)}),
     "causal_alibi_leftpad_gqa4_dh40": (
         2, 4, 1, 40, 40, 40,
@@ -184,8 +184,8 @@ CASES = {
         2, 2, 1, 35, 61, 32,
         lambda: {"causal": True, "window": 13, "segments": documents(2, 61), "key_padding": padding(2, 61, 0, 4)},
     ),
-    "t5_bidirectional_window_gqa": (2, 2, 1, 50, 50, 32, lambda: {"window": 20, **t5(2, 50, False)}),
-    "t5_causal_prefix_scale": (1, 2, 2, 30, 62, 32, lambda: {"causal": True, "scale": 0.3, **t5(2, 62, True)}),
+    "t5_bidirectional_window_gqa": (1, 2, 1, 80, 80, 32, lambda: {"window": 50, **t5(2, 80, False)}),
+    "t5_causal_prefix_scale": (1, 2, 2, 40, 72, 32, lambda: {"causal": True, "scale": 0.3, **t5(2, 72, True)}),
     "span_causal_prefix_padding": (
         2, 4, 2, 33, 57, 32,
         lambda: {"causal": True, "key_padding": padding(2, 57, 30, 0), "span_ramp": 8.0,
@@ -197,9 +197,9 @@ CASES = {
                  **t5(2, 41, False)},
     ),
     "layout_local_causal_padding": (
-        2, 2, 1, 70, 70, 32,
-        lambda: {"causal": True, "key_padding": padding(2, 70, 20, 0), "block": 32,
-                 "layout": sparse_layout(WindowPattern(40, 32, True), 70, 70, True)},
+        2, 2, 1, 100, 100, 32,
+        lambda: {"causal": True, "key_padding": padding(2, 100, 20, 0), "block": 32,
+                 "layout": sparse_layout(WindowPattern(72, 32, True), 100, 100, True)},
     ),
     "layout_bigbird_per_head_alibi_gqa": (
         1, 2, 1, 64, 64, 32,
@@ -260,6 +260,114 @@ def test_kernel_equals_reference_fp16(name):
 @pytest.mark.parametrize("name", HALF_CASES)
 def test_kernel_equals_reference_bf16(name):
     check_parity(name, torch.bfloat16)
+
+
+# -- whole tiles: the ones the kernels run without a positional mask ---------------------------------------
+
+
+def _visible(s_q: int, s_k: int, w: int, causal: bool) -> torch.Tensor:
+    """``[Sq + 128, Sk + 128]`` bool: the pairs in bounds and seen under causality and reach ``w``."""
+    i = torch.arange(s_q + 128)[:, None]
+    j = torch.arange(s_k + 128)[None, :]
+    dist = s_k - s_q + i - j
+    see = (i < s_q) & (j < s_k) & (dist.abs() < w)
+    return see & (dist >= 0) if causal else see
+
+
+if fa.triton is not None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _ranges_kernel(OUT, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Row p of OUT ``[16, 8]``: query block p's key loop (lo, whole_lo, whole_hi, hi), key block p's query
+        loop (the kernels' scalar arithmetic, on the 16 blocks at once)."""
+        p = tl.arange(0, 16)
+        lo, hi = fa._key_blocks(p * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        f_lo, f_hi = fa._full_key_blocks(p * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        f_lo, f_hi, hi = fa._nest(lo, f_lo, f_hi, hi)
+        i_lo, i_hi = fa._query_blocks(p * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        g_lo, g_hi = fa._full_query_blocks(p * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        g_lo, g_hi, i_hi = fa._nest(i_lo, g_lo, g_hi, i_hi)
+        for n, x in enumerate((lo, f_lo, f_hi, hi, i_lo, g_lo, g_hi, i_hi)):
+            tl.store(OUT + p * 8 + n, x)
+
+
+def _check_loop(name: str, visible: torch.Tensor, lo: int, f_lo: int, f_hi: int, hi: int) -> None:
+    """``visible [n_tiles]`` any pair seen, ``whole`` every pair: every seen tile lies in ``[lo, hi)`` and the
+    whole tiles there are exactly ``[f_lo, f_hi)``."""
+    seen, whole = visible.any(-1).any(-1), visible.all(-1).all(-1)  # [n_tiles]
+    tiles = torch.arange(len(seen))
+    assert not seen[(tiles < lo) | (tiles >= hi)].any(), f"{name}: a seen tile outside [{lo}, {hi})"
+    assert lo <= f_lo <= f_hi <= hi, (name, lo, f_lo, f_hi, hi)
+    want = whole & (tiles >= lo) & (tiles < hi)
+    got = (tiles >= f_lo) & (tiles < f_hi)
+    assert torch.equal(got, want), f"{name}: whole tiles {tiles[want].tolist()}, loop gives [{f_lo}, {f_hi})"
+
+
+@needs_kernel
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("bm,bn", [(32, 16), (16, 32)])
+def test_whole_tile_ranges_are_exact(causal, bm, bn):
+    """The loops of all three kernels run unmasked exactly the tiles whose every pair is visible (a tile
+    wrongly called whole would leak or read out of bounds; one missed would only cost time), and visit every
+    tile with a visible pair: all query / key blocks of a grid of lengths, prefixes (Sk - Sq of every residue
+    that matters) and reaches (one below, at and above block multiples)."""
+    for s_q, s_k in ((1, 1), (31, 31), (100, 100), (50, 51), (45, 109), (37, 99), (20, 83), (64, 128)):
+        for w in (1, 2, 15, 16, 17, 31, 33, 47, 64, 97, s_k + 1):
+            out = torch.zeros(16, 8, dtype=torch.int32, device=DEVICE)
+            _ranges_kernel[(1,)](out, s_q, s_k, w, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn)
+            vis = _visible(s_q, s_k, w, causal)
+            for pid, (lo, f_lo, f_hi, hi, i_lo, g_lo, g_hi, i_hi) in enumerate(out.tolist()):
+                case = f"Sq={s_q} Sk={s_k} w={w} block {pid}"
+                if pid * bm < s_q:
+                    rows = vis[pid * bm : (pid + 1) * bm, : -(-s_k // bn) * bn]  # [BM, nK * BN]
+                    _check_loop(f"keys of {case}", rows.reshape(bm, -1, bn).transpose(0, 1), lo, f_lo, f_hi, hi)
+                if pid * bn < s_k:
+                    cols = vis[: -(-s_q // bm) * bm, pid * bn : (pid + 1) * bn]  # [nQ * BM, BN]
+                    _check_loop(f"queries of {case}", cols.reshape(-1, bm, bn), i_lo, g_lo, g_hi, i_hi)
+
+
+def test_prepared_layout_lists_whole_entries_first_and_transposes():
+    """``prepare_layout``: per query block the whole entries (every pair visible, judged with causality and
+    the bounds) first, the same set of pairs as before; the transpose lists each key block's entries, whole
+    ones first, and every entry with a visible pair once."""
+    s_q, s_k, block = 70, 70, 16
+    idx, ok = sparse_layout(WindowPattern(40, block, True), s_q, s_k, True)
+    lay = fa.prepare_layout((idx, ok), block, s_q, s_k, True, None)
+    assert torch.equal(fa.layout_dense(lay, block, s_q, s_k), fa.layout_dense((idx, ok), block, s_q, s_k))
+    hp, n_q, slots = lay.idx.shape
+    cells = lay.ok.view(hp, n_q, block, slots, block)
+    rows = torch.arange(n_q)[:, None] * block + torch.arange(block)  # [nQ, b] query = key position (Sq = Sk)
+    keys = lay.idx[..., None] * block + torch.arange(block)  # [Hp, nQ, K, b]
+    causal_ok = keys[:, :, None, :, :] <= rows[None, :, :, None, None]  # [Hp, nQ, b, K, b]
+    in_bounds = (keys < s_k)[:, :, None] & (rows < s_q)[None, :, :, None, None]
+    whole = (cells & causal_ok & in_bounds).all(4).all(2)  # [Hp, nQ, K]
+    first = torch.arange(slots) < lay.n_whole[..., None]
+    assert torch.equal(whole, first), "whole entries must be exactly the first n_whole of each query block"
+    assert 0 < lay.n_whole.sum() < (cells.any(4).any(2)).sum(), "the case must have whole and partial entries"
+    n_k = -(-s_k // block)
+    for hp_i in range(hp):
+        listed = []
+        for j in range(n_k):
+            entries = lay.k_flat[hp_i, lay.k_start[hp_i, j] : lay.k_start[hp_i, j + 1]].tolist()
+            n_w = int(lay.k_whole[hp_i, j] - lay.k_start[hp_i, j])
+            for n, e in enumerate(entries):
+                qb, slot = divmod(e, slots)
+                assert lay.idx[hp_i, qb, slot] == j and bool(cells[hp_i, qb, :, slot].any())
+                assert bool(first[hp_i, qb, slot]) == (n < n_w), f"key block {j}: whole entries first"
+            listed += entries
+        assert sorted(listed) == [q * slots + s for q in range(n_q) for s in range(slots) if cells[hp_i, q, :, s].any()]
+
+
+def test_a_layout_prepared_for_another_call_is_refused():
+    q, k, v = qkv(1, 2, 2, 64, 64, 16)
+    idx, ok = sparse_layout(WindowPattern(40, 16, True), 64, 64, True)
+    lay = fa.prepare_layout((idx, ok), 16, 64, 64, causal=False, window=None)
+    if _REASON is not None:
+        pytest.skip(_REASON)
+    with pytest.raises(ValueError, match="prepared for .* not for this call"):
+        flash_attention(q, k, v, causal=True, layout=lay, block=16)
 
 
 # -- work skipping and errors -------------------------------------------------------------------------------

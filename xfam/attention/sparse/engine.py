@@ -18,7 +18,7 @@ the ground truth). A query that may see no key at all outputs zeros on both path
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ from xfam.attention.base import expand_kv
 from xfam.attention.mask import AttnMask, same_document
 from xfam.attention.sparse.pattern import SparsePattern
 from xfam.pos.base import ScoreBias
+
+if TYPE_CHECKING:
+    from xfam.kernels.flash_attention import BlockLayout
 
 
 class Geometry(NamedTuple):
@@ -206,10 +209,13 @@ def block_sparse_attention(
     return out
 
 
-def kernel_layout(geo: Geometry, b: int) -> tuple[Tensor, Tensor]:
-    """The geometry as the flash kernel's block-sparse layout ``(idx [Hp, nQ, K'], ok [Hp, nQ, b, K'*b])``:
-    the global keys join as the blocks that hold them (only their own columns set; the block part never
-    holds a global key, so nothing is counted twice). Cached on the geometry."""
+def kernel_layout(geo: Geometry, b: int, mask: AttnMask) -> BlockLayout:
+    """The geometry as the flash kernel's block-sparse layout ``(idx [Hp, nQ, K'], ok [Hp, nQ, b, K'*b])``,
+    prepared for ``mask``'s calls (``prepare_layout``): the global keys join as the blocks that hold them (only
+    their own columns set; the block part never holds a global key, so nothing is counted twice). Cached on
+    the geometry (one per mask shape)."""
+    from xfam.kernels.flash_attention import prepare_layout  # imported on first use (TRITON_INTERPRET)
+
     if "kernel" not in geo.additive:
         kb = geo.idx.shape[-1] * b
         idx, ok = geo.idx, geo.ok[..., :kb]
@@ -221,7 +227,8 @@ def kernel_layout(geo: Geometry, b: int) -> tuple[Tensor, Tensor]:
             g_ok = geo.ok.new_zeros(*ok.shape[:-1], len(blocks) * b)  # [Hp, nQ, b, Gb*b]
             g_ok[..., col] = geo.ok[..., kb:]
             ok = torch.cat((ok, g_ok), dim=-1)
-        geo.additive["kernel"] = (idx.contiguous(), ok.contiguous())
+        layout = (idx.contiguous(), ok.contiguous())
+        geo.additive["kernel"] = prepare_layout(layout, b, mask.q_len, mask.k_len, mask.causal, mask.window)
     return geo.additive["kernel"]
 
 
@@ -233,7 +240,7 @@ def flash_sparse_attention(
     from xfam.attention.fused import flash
 
     geo = geometry(pattern, mask, q.device)
-    out = flash(q, k, v, mask, bias, layout=kernel_layout(geo, pattern.block), block=pattern.block)
+    out = flash(q, k, v, mask, bias, layout=kernel_layout(geo, pattern.block, mask), block=pattern.block)
     if len(geo.g_rows):  # global queries see every visible key
         h = q.shape[1]
         rows = dense_rows(q[:, :, geo.g_rows], expand_kv(k, h), expand_kv(v, h), geo.g_rows, mask, bias, 0.0)
