@@ -11,7 +11,10 @@ Fused into the tiles (nothing of size Sq x Sk is ever materialised), evaluated o
 pair from positions, with query i at key index ``qpos = Sk - Sq + i`` (memory / cache in front):
 
 * causal (``kpos <= qpos``) and window (``|qpos - kpos| < window``): a mask, and loop bounds, so key
-  blocks no query of the tile may see are never visited (in the backward, nor query blocks);
+  blocks no query of the tile may see are never visited (in the backward, nor query blocks); tiles whose
+  every pair is visible ("whole": in bounds, causal, in the window) run first, without the mask tests, as
+  in FlashAttention-2 and FlexAttention's full blocks, and the rest (the diagonal, the window's edges, the
+  ends past Sq or Sk) with them;
 * key padding (``[B, Sk]`` bool) and packed documents (``[B, Sk]`` ids, the ``SHARED`` id seen by every
   document, as ``xfam.attention.mask.same_document``): loaded per key block;
 * ALiBi (Press et al., 2022): ``-slope_h * |qpos - kpos|`` from the ``[H]`` slopes (no gradient);
@@ -22,7 +25,8 @@ pair from positions, with query i at key index ``qpos = Sk - Sq + i`` (memory / 
   ``R + z_h`` bound the loops like a window; d z_h = sum of ``dS / (R m)`` over the ramp (fp32 atomics);
 * a block-sparse layout (``xfam.attention.sparse.engine.geometry``): a query block visits only its
   listed key blocks, under the element mask ``block_ok``; the backward visits, for each key block, the
-  (query block, slot) pairs that list it (a CSR transpose of the layout built with torch).
+  (query block, slot) pairs that list it (a CSR transpose of the layout built with torch). Whole entries
+  (``block_ok`` all True, and whole as above) go first and load no element mask (``prepare_layout``).
 
 A query that may see no key at all (a left pad under a causal mask, a document-less row, a row of a
 sparse layout with nothing visible) attends to itself, as ``AttnMask.dense`` does: its output is its
@@ -197,7 +201,7 @@ def _query_blocks(n0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BL
 
 
 @_jit
-def _full_key_blocks(m0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _whole_key_blocks(m0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key blocks ``[lo, hi)`` that every query of ``m0 .. m0 + BLOCK_M - 1`` sees whole: in bounds, causal,
     ``|qpos - kpos| < w`` for each pair (no positional mask needed); empty when the query block passes Sq."""
     q_first = Sk - Sq + m0
@@ -212,8 +216,8 @@ def _full_key_blocks(m0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
 
 
 @_jit
-def _full_query_blocks(n0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Query blocks ``[lo, hi)`` that see every key of ``n0 .. n0 + BLOCK_N - 1`` (as ``_full_key_blocks``);
+def _whole_query_blocks(n0, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query blocks ``[lo, hi)`` that see every key of ``n0 .. n0 + BLOCK_N - 1`` (as ``_whole_key_blocks``);
     empty when the key block passes Sk."""
     off = Sk - Sq
     if CAUSAL:
@@ -246,11 +250,11 @@ def _tile(PHASE: tl.constexpr, i, lo, whole_lo, whole_hi):
 
 
 @_jit
-def _nest(lo, full_lo, full_hi, hi):
-    """``(full_lo, full_hi, hi)`` with ``lo <= full_lo <= full_hi <= hi`` (an empty loop stays empty)."""
+def _nest(lo, whole_lo, whole_hi, hi):
+    """``(whole_lo, whole_hi, hi)`` with ``lo <= whole_lo <= whole_hi <= hi`` (an empty loop stays empty)."""
     hi = tl.maximum(hi, lo)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    return full_lo, tl.minimum(tl.maximum(full_hi, full_lo), hi), hi
+    whole_lo = tl.minimum(tl.maximum(whole_lo, lo), hi)
+    return whole_lo, tl.minimum(tl.maximum(whole_hi, whole_lo), hi), hi
 
 
 @_jit
@@ -286,7 +290,7 @@ def _key_loop(
         hp = 0
         w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
         lo, hi = _key_blocks(pid_m * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-        whole_lo, whole_hi = _full_key_blocks(pid_m * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        whole_lo, whole_hi = _whole_key_blocks(pid_m * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
         whole_lo, whole_hi, hi = _nest(lo, whole_lo, whole_hi, hi)
     return hp, lo, whole_lo, whole_hi, hi
 
@@ -336,14 +340,14 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running max (finite: no inf - inf)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    hp, t_lo, f_lo, f_hi, t_hi = _key_loop(
+    hp, t_lo, whole_lo, whole_hi, t_hi = _key_loop(
         pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
         CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
     )  # fmt: skip
     for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
-        a, z = _phase(phase, t_lo, f_lo, f_hi, t_hi)
+        a, z = _phase(phase, t_lo, whole_lo, whole_hi, t_hi)
         for i in range(a, z):
-            t = _tile(phase, i, t_lo, f_lo, f_hi)
+            t = _tile(phase, i, t_lo, whole_lo, whole_hi)
             offs_n, ok = _key_tile(
                 t, hp, pid_m, LIDX, LOK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc,
                 HAS_LAYOUT, phase == 0, BLOCK_M, BLOCK_N,
@@ -379,8 +383,9 @@ def _fwd_kernel(
 
 @_jit
 def _dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA, DTABLE, DSPAN,
-    s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd, s_db, s_dh, s_ds, s_dd,
+    Q, K, V, O, DO, DQ, LSE, DELTA, DTABLE, DSPAN,
+    s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd, s_yb, s_yh, s_ys, s_yd,
+    s_db, s_dh, s_ds, s_dd,
     H, G, Sq, Sk, DH, NB, qk_scale, window, ramp,
     KP, stride_kp, SEG, stride_seg, SLOPES, TABLE, stride_tn, stride_th, BUCKETS, SPAN,
     LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB, NWHOLE, s_wh,
@@ -391,7 +396,9 @@ def _dq_kernel(
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """One program: dq of query block ``pid_m`` of (batch, head) ``pid_bh`` (the forward's key loop), plus
-    the pairs' share of d table (``DTABLE [B, H, NB]``) and d span (``DSPAN [B, H]``)."""
+    the pairs' share of d table (``DTABLE [B, H, NB]``) and d span (``DSPAN [B, H]``); first it writes the
+    block's ``DELTA = rowsum(dO * O)`` (fp32, O: the forward's output, strides ``s_y*``) for the dk/dv kernel,
+    which runs after it (FlashAttention-2 computes it in a kernel of its own)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // H, pid_bh % H
     hk = h // G
@@ -402,20 +409,22 @@ def _dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(Q + b64 * s_qb + h64 * s_qh, offs_m, offs_d, s_qs, s_qd, Sq, DH, UPCAST)  # [BM, BD]
     do = _load_rows(DO + b64 * s_db + h64 * s_dh, offs_m, offs_d, s_ds, s_dd, Sq, DH, UPCAST)  # [BM, BD]
+    o = _load_rows(O + b64 * s_yb + h64 * s_yh, offs_m, offs_d, s_ys, s_yd, Sq, DH, UPCAST)  # [BM, BD]
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [BM] rowsum(dO * O), 0 past Sq
     row = pid_bh.to(tl.int64) * Sq + offs_m
+    tl.store(DELTA + row, delta, mask=offs_m < Sq)
     lse = tl.load(LSE + row, mask=offs_m < Sq, other=float("inf"))  # [BM]
-    delta = tl.load(DELTA + row, mask=offs_m < Sq, other=0.0)  # [BM] rowsum(dO * O)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dspan = tl.zeros([BLOCK_M], dtype=tl.float32)  # per query row, summed at the end
-    hp, t_lo, f_lo, f_hi, t_hi = _key_loop(
+    hp, t_lo, whole_lo, whole_hi, t_hi = _key_loop(
         pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
         CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
     )  # fmt: skip
     for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
-        a, z = _phase(phase, t_lo, f_lo, f_hi, t_hi)
+        a, z = _phase(phase, t_lo, whole_lo, whole_hi, t_hi)
         for i in range(a, z):
-            t = _tile(phase, i, t_lo, f_lo, f_hi)
+            t = _tile(phase, i, t_lo, whole_lo, whole_hi)
             offs_n, ok = _key_tile(
                 t, hp, pid_m, LIDX, LOK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc,
                 HAS_LAYOUT, phase == 0, BLOCK_M, BLOCK_N,
@@ -478,18 +487,17 @@ def _dkdv_kernel(
         if HAS_LAYOUT:  # the (query block, slot) entries listing this key block, whole ones first: a CSR row
             hp = h if LAYOUT_PER_HEAD else 0
             t_lo = tl.load(RSTART + hp * s_rh + pid_n)
-            f_lo, f_hi = t_lo, tl.load(RWHOLE + hp * s_rh + pid_n)
+            whole_lo, whole_hi = t_lo, tl.load(RWHOLE + hp * s_rh + pid_n)
             t_hi = tl.load(RSTART + hp * s_rh + pid_n + 1)
         else:
-            hp = 0
             w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
             t_lo, t_hi = _query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-            f_lo, f_hi = _full_query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-            f_lo, f_hi, t_hi = _nest(t_lo, f_lo, f_hi, t_hi)
+            whole_lo, whole_hi = _whole_query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+            whole_lo, whole_hi, t_hi = _nest(t_lo, whole_lo, whole_hi, t_hi)
         for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
-            a, z = _phase(phase, t_lo, f_lo, f_hi, t_hi)
+            a, z = _phase(phase, t_lo, whole_lo, whole_hi, t_hi)
             for i in range(a, z):
-                t = _tile(phase, i, t_lo, f_lo, f_hi)
+                t = _tile(phase, i, t_lo, whole_lo, whole_hi)
                 if HAS_LAYOUT:
                     entry = tl.load(RFLAT + hp * s_fh + t)  # query block * NKB + slot
                     qb, slot = entry // NKB, entry % NKB
@@ -537,7 +545,7 @@ def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> 
     """Tile sizes by kernel (``fwd``, ``dq``, ``dkdv``), padded head dim and dtype: a small fixed heuristic
     (no autotuning). ``block_m`` is the query tile, ``block_n`` the key tile; ``dkdv`` keeps its key tile
     resident and streams query tiles. A layout fixes both tiles to its block. The interpreter runs tiles
-    one after the other, so it gets 32: few iterations, yet several blocks at test lengths.
+    one after the other, so it gets 32 x 16: few iterations, yet whole and masked tiles at test lengths.
 
     The GPU choices follow Triton's fused-attention tutorial (128-query forward tiles), with 8 warps for
     fp16/bf16: compiled for sm_90 (``scripts/compile_kernels.py``), 4 warps made ptxas spill registers
@@ -701,7 +709,7 @@ class _FlashAttention(torch.autograd.Function):
         bsz, h, s_q, dh = q.shape
         h_kv, s_k = k.shape[1], k.shape[2]
         do = grad_out.contiguous()  # [B, H, Sq, Dh]; dq shares its strides
-        delta = (do.float() * out.float()).sum(-1)  # [B, H, Sq] rowsum(dO * O)
+        delta = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)  # rowsum(dO * O), by the dq kernel
         feat = _feature_args(q, k, table, span, ex)
         table_grad = table is not None and ctx.needs_input_grad[3]
         span_grad = span is not None and ctx.needs_input_grad[4]
@@ -710,7 +718,8 @@ class _FlashAttention(torch.autograd.Function):
         dspan = torch.zeros(bsz * h, dtype=torch.float32, device=q.device) if span_grad else None
         opts, tile = _launch("dq", q, feat, ex)
         _dq_kernel[(triton.cdiv(s_q, tile), bsz * h)](
-            q, k, v, do, dq, lse, delta, dtable, dspan, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+            q, k, v, out, do, dq, lse, delta, dtable, dspan,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *do.stride(),
             NB=0 if table is None else table.shape[0], TABLE_GRAD=table_grad, SPAN_GRAD=span_grad, **feat, **opts,
         )  # fmt: skip
 

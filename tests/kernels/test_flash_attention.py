@@ -284,10 +284,10 @@ if fa.triton is not None:
         loop (the kernels' scalar arithmetic, on the 16 blocks at once)."""
         p = tl.arange(0, 16)
         lo, hi = fa._key_blocks(p * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-        f_lo, f_hi = fa._full_key_blocks(p * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        f_lo, f_hi = fa._whole_key_blocks(p * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
         f_lo, f_hi, hi = fa._nest(lo, f_lo, f_hi, hi)
         i_lo, i_hi = fa._query_blocks(p * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
-        g_lo, g_hi = fa._full_query_blocks(p * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
+        g_lo, g_hi = fa._whole_query_blocks(p * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
         g_lo, g_hi, i_hi = fa._nest(i_lo, g_lo, g_hi, i_hi)
         for n, x in enumerate((lo, f_lo, f_hi, hi, i_lo, g_lo, g_hi, i_hi)):
             tl.store(OUT + p * 8 + n, x)
