@@ -383,7 +383,7 @@ def _fwd_kernel(
 
 @_jit
 def _dq_kernel(
-    Q, K, V, O, DO, DQ, LSE, DELTA, DTABLE, DSPAN,
+    Q, K, V, OUT, DO, DQ, LSE, DELTA, DTABLE, DSPAN,
     s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd, s_yb, s_yh, s_ys, s_yd,
     s_db, s_dh, s_ds, s_dd,
     H, G, Sq, Sk, DH, NB, qk_scale, window, ramp,
@@ -397,7 +397,7 @@ def _dq_kernel(
 ):  # fmt: skip
     """One program: dq of query block ``pid_m`` of (batch, head) ``pid_bh`` (the forward's key loop), plus
     the pairs' share of d table (``DTABLE [B, H, NB]``) and d span (``DSPAN [B, H]``); first it writes the
-    block's ``DELTA = rowsum(dO * O)`` (fp32, O: the forward's output, strides ``s_y*``) for the dk/dv kernel,
+    block's ``DELTA = rowsum(dO * O)`` (fp32, O = OUT: the forward's output, strides ``s_y*``) for the dk/dv kernel,
     which runs after it (FlashAttention-2 computes it in a kernel of its own)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // H, pid_bh % H
@@ -409,7 +409,7 @@ def _dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(Q + b64 * s_qb + h64 * s_qh, offs_m, offs_d, s_qs, s_qd, Sq, DH, UPCAST)  # [BM, BD]
     do = _load_rows(DO + b64 * s_db + h64 * s_dh, offs_m, offs_d, s_ds, s_dd, Sq, DH, UPCAST)  # [BM, BD]
-    o = _load_rows(O + b64 * s_yb + h64 * s_yh, offs_m, offs_d, s_ys, s_yd, Sq, DH, UPCAST)  # [BM, BD]
+    o = _load_rows(OUT + b64 * s_yb + h64 * s_yh, offs_m, offs_d, s_ys, s_yd, Sq, DH, UPCAST)  # [BM, BD]
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [BM] rowsum(dO * O), 0 past Sq
     row = pid_bh.to(tl.int64) * Sq + offs_m
     tl.store(DELTA + row, delta, mask=offs_m < Sq)

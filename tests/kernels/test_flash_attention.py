@@ -274,15 +274,23 @@ def _visible(s_q: int, s_k: int, w: int, causal: bool) -> torch.Tensor:
     return see & (dist >= 0) if causal else see
 
 
+LOOP_CASES = [  # (Sq, Sk, reach w): lengths, prefixes Sk - Sq of every residue that matters, reaches one below,
+    (s_q, s_k, w)  # at and above block multiples
+    for s_q, s_k in ((1, 1), (31, 31), (100, 100), (50, 51), (45, 109), (37, 99), (20, 83), (64, 128))
+    for w in (1, 2, 15, 16, 17, 31, 33, 47, 64, 97, s_k + 1)
+]
+
 if fa.triton is not None:
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _ranges_kernel(OUT, Sq, Sk, w, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Row p of OUT ``[16, 8]``: query block p's key loop (lo, whole_lo, whole_hi, hi), key block p's query
-        loop (the kernels' scalar arithmetic, on the 16 blocks at once)."""
-        p = tl.arange(0, 16)
+    def _ranges_kernel(OUT, SQ, SK, W, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Lane ``c * 16 + p`` of OUT ``[2048, 8]``: for case c (SQ, SK, W), query block p's key loop (lo,
+        whole_lo, whole_hi, hi) and key block p's query loop, the kernels' own arithmetic on every lane at once."""
+        lane = tl.arange(0, 2048)
+        Sq, Sk, w = tl.load(SQ + lane // 16), tl.load(SK + lane // 16), tl.load(W + lane // 16)
+        p = lane % 16
         lo, hi = fa._key_blocks(p * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
         f_lo, f_hi = fa._whole_key_blocks(p * BLOCK_M, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
         f_lo, f_hi, hi = fa._nest(lo, f_lo, f_hi, hi)
@@ -290,13 +298,13 @@ if fa.triton is not None:
         g_lo, g_hi = fa._whole_query_blocks(p * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
         g_lo, g_hi, i_hi = fa._nest(i_lo, g_lo, g_hi, i_hi)
         for n, x in enumerate((lo, f_lo, f_hi, hi, i_lo, g_lo, g_hi, i_hi)):
-            tl.store(OUT + p * 8 + n, x)
+            tl.store(OUT + lane * 8 + n, x)
 
 
 def _check_loop(name: str, visible: torch.Tensor, lo: int, f_lo: int, f_hi: int, hi: int) -> None:
-    """``visible [n_tiles]`` any pair seen, ``whole`` every pair: every seen tile lies in ``[lo, hi)`` and the
-    whole tiles there are exactly ``[f_lo, f_hi)``."""
-    seen, whole = visible.any(-1).any(-1), visible.all(-1).all(-1)  # [n_tiles]
+    """``visible [n_tiles, ...]``: every tile with a visible pair lies in ``[lo, hi)``, and the tiles there whose
+    every pair is visible are exactly ``[f_lo, f_hi)``."""
+    seen, whole = visible.flatten(1).any(-1), visible.flatten(1).all(-1)  # [n_tiles]
     tiles = torch.arange(len(seen))
     assert not seen[(tiles < lo) | (tiles >= hi)].any(), f"{name}: a seen tile outside [{lo}, {hi})"
     assert lo <= f_lo <= f_hi <= hi, (name, lo, f_lo, f_hi, hi)
@@ -311,21 +319,22 @@ def _check_loop(name: str, visible: torch.Tensor, lo: int, f_lo: int, f_hi: int,
 def test_whole_tile_ranges_are_exact(causal, bm, bn):
     """The loops of all three kernels run unmasked exactly the tiles whose every pair is visible (a tile
     wrongly called whole would leak or read out of bounds; one missed would only cost time), and visit every
-    tile with a visible pair: all query / key blocks of a grid of lengths, prefixes (Sk - Sq of every residue
-    that matters) and reaches (one below, at and above block multiples)."""
-    for s_q, s_k in ((1, 1), (31, 31), (100, 100), (50, 51), (45, 109), (37, 99), (20, 83), (64, 128)):
-        for w in (1, 2, 15, 16, 17, 31, 33, 47, 64, 97, s_k + 1):
-            out = torch.zeros(16, 8, dtype=torch.int32, device=DEVICE)
-            _ranges_kernel[(1,)](out, s_q, s_k, w, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn)
-            vis = _visible(s_q, s_k, w, causal)
-            for pid, (lo, f_lo, f_hi, hi, i_lo, g_lo, g_hi, i_hi) in enumerate(out.tolist()):
-                case = f"Sq={s_q} Sk={s_k} w={w} block {pid}"
-                if pid * bm < s_q:
-                    rows = vis[pid * bm : (pid + 1) * bm, : -(-s_k // bn) * bn]  # [BM, nK * BN]
-                    _check_loop(f"keys of {case}", rows.reshape(bm, -1, bn).transpose(0, 1), lo, f_lo, f_hi, hi)
-                if pid * bn < s_k:
-                    cols = vis[: -(-s_q // bm) * bm, pid * bn : (pid + 1) * bn]  # [nQ * BM, BN]
-                    _check_loop(f"queries of {case}", cols.reshape(-1, bm, bn), i_lo, g_lo, g_hi, i_hi)
+    tile with a visible pair: all query and key blocks of ``LOOP_CASES``."""
+    cases = LOOP_CASES + [(1, 1, 1)] * (128 - len(LOOP_CASES))  # 128 cases of 16 lanes
+    cols = [torch.tensor([c[n] for c in cases], dtype=torch.int32, device=DEVICE) for n in range(3)]
+    out = torch.zeros(2048, 8, dtype=torch.int32, device=DEVICE)
+    _ranges_kernel[(1,)](out, *cols, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn)
+    out = out.view(128, 16, 8).tolist()
+    for c, (s_q, s_k, w) in enumerate(LOOP_CASES):
+        vis = _visible(s_q, s_k, w, causal)
+        for p, (lo, f_lo, f_hi, hi, i_lo, g_lo, g_hi, i_hi) in enumerate(out[c]):
+            case = f"Sq={s_q} Sk={s_k} w={w} block {p}"
+            if p * bm < s_q:
+                rows = vis[p * bm : (p + 1) * bm, : -(-s_k // bn) * bn]  # [BM, nK * BN]
+                _check_loop(f"keys of {case}", rows.reshape(bm, -1, bn).transpose(0, 1), lo, f_lo, f_hi, hi)
+            if p * bn < s_k:
+                keys = vis[: -(-s_q // bm) * bm, p * bn : (p + 1) * bn]  # [nQ * BM, BN]
+                _check_loop(f"queries of {case}", keys.reshape(-1, bm, bn), i_lo, g_lo, g_hi, i_hi)
 
 
 def test_prepared_layout_lists_whole_entries_first_and_transposes():
