@@ -323,7 +323,7 @@ def _fwd_kernel(
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
     HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, MAY_BE_EMPTY: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """One program: query block ``pid_m`` of (batch, head) ``pid_bh``; writes OUT ``[BM, Dh]``, LSE ``[BM]``."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -344,7 +344,9 @@ def _fwd_kernel(
         pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
         CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
     )  # fmt: skip
-    for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
+    if F32:  # no whole-tile loop: the masked loop takes every tile
+        whole_hi = whole_lo
+    for phase in tl.static_range(1 if F32 else 0, 2):  # the whole tiles (no positional mask), then the masked ones
         a, z = _phase(phase, t_lo, whole_lo, whole_hi, t_hi)
         for i in range(a, z):
             t = _tile(phase, i, t_lo, whole_lo, whole_hi)
@@ -393,12 +395,12 @@ def _dq_kernel(
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
     HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, TABLE_GRAD: tl.constexpr, SPAN_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """One program: dq of query block ``pid_m`` of (batch, head) ``pid_bh`` (the forward's key loop), plus
-    the pairs' share of d table (``DTABLE [B, H, NB]``) and d span (``DSPAN [B, H]``); first it writes the
-    block's ``DELTA = rowsum(dO * O)`` (fp32, O = OUT: the forward's output, strides ``s_y*``) for the dk/dv kernel,
-    which runs after it (FlashAttention-2 computes it in a kernel of its own)."""
+    the pairs' share of d table (``DTABLE [B, H, NB]``) and d span (``DSPAN [B, H]``). First it writes the
+    block's ``DELTA = rowsum(dO * O)`` (fp32; O = OUT, the forward's output, strides ``s_y*``) for the dk/dv
+    kernel, which runs after it (FlashAttention-2 computes it in a kernel of its own); with ``F32`` it reads it."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // H, pid_bh % H
     hk = h // G
@@ -409,10 +411,13 @@ def _dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(Q + b64 * s_qb + h64 * s_qh, offs_m, offs_d, s_qs, s_qd, Sq, DH, UPCAST)  # [BM, BD]
     do = _load_rows(DO + b64 * s_db + h64 * s_dh, offs_m, offs_d, s_ds, s_dd, Sq, DH, UPCAST)  # [BM, BD]
-    o = _load_rows(OUT + b64 * s_yb + h64 * s_yh, offs_m, offs_d, s_ys, s_yd, Sq, DH, UPCAST)  # [BM, BD]
-    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [BM] rowsum(dO * O), 0 past Sq
     row = pid_bh.to(tl.int64) * Sq + offs_m
-    tl.store(DELTA + row, delta, mask=offs_m < Sq)
+    if F32:  # given (computed in the kernel, it took fp32's FMA dq from 80 registers to 255 and spills at Dh 128)
+        delta = tl.load(DELTA + row, mask=offs_m < Sq, other=0.0)  # [BM] rowsum(dO * O)
+    else:
+        o = _load_rows(OUT + b64 * s_yb + h64 * s_yh, offs_m, offs_d, s_ys, s_yd, Sq, DH, UPCAST)  # [BM, BD]
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)  # [BM] rowsum(dO * O), 0 past Sq
+        tl.store(DELTA + row, delta, mask=offs_m < Sq)
     lse = tl.load(LSE + row, mask=offs_m < Sq, other=float("inf"))  # [BM]
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -421,7 +426,9 @@ def _dq_kernel(
         pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
         CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
     )  # fmt: skip
-    for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
+    if F32:  # no whole-tile loop: the masked loop takes every tile
+        whole_hi = whole_lo
+    for phase in tl.static_range(1 if F32 else 0, 2):  # the whole tiles (no positional mask), then the masked ones
         a, z = _phase(phase, t_lo, whole_lo, whole_hi, t_hi)
         for i in range(a, z):
             t = _tile(phase, i, t_lo, whole_lo, whole_hi)
@@ -465,7 +472,7 @@ def _dkdv_kernel(
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
     HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """One program: dk, dv of key block ``pid_n`` of (batch, kv head) ``pid_bk``, summed over the G query
     heads of the kv head and every query block that sees the keys. DK, DV share strides ``s_g*``."""
@@ -494,7 +501,9 @@ def _dkdv_kernel(
             t_lo, t_hi = _query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
             whole_lo, whole_hi = _whole_query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
             whole_lo, whole_hi, t_hi = _nest(t_lo, whole_lo, whole_hi, t_hi)
-        for phase in tl.static_range(2):  # the whole tiles (no positional mask), then the masked ones
+        if F32:  # no whole-tile loop: the masked loop takes every tile
+            whole_hi = whole_lo
+        for phase in tl.static_range(1 if F32 else 0, 2):  # the whole tiles (no positional mask), then the masked ones
             a, z = _phase(phase, t_lo, whole_lo, whole_hi, t_hi)
             for i in range(a, z):
                 t = _tile(phase, i, t_lo, whole_lo, whole_hi)
@@ -605,6 +614,10 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
         prec = "tf32" if not runtime.interpreting() and torch.backends.cuda.matmul.allow_tf32 else "ieee"
     else:
         prec = None
+    # F32 (fp32 on a GPU): one masked loop for every tile and delta = rowsum(dO * O) from torch. The whole-tile
+    # loop and the in-kernel delta of the fp16/bf16 tiles took fp32's FMA tiles up to 255 registers and 170-340 B
+    # of spills per thread at Dh 128 (sm_90). The interpreter takes the fp16/bf16 way for every dtype, so the
+    # fp32 parity tests cover it; test_fp32_gpu_way_equals_the_reference forces this one.
     return dict(
         H=h, G=h // k.shape[1], Sq=s_q, Sk=s_k, DH=dh,
         qk_scale=ex.scale * 1.4426950408889634, window=ex.window or s_k + 1, ramp=float(ex.span_ramp),
@@ -624,6 +637,7 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
         LAYOUT_PER_HEAD=lidx is not None and lidx.shape[0] > 1,
         BLOCK_D=max(16, triton.next_power_of_2(dh)),
         UPCAST=runtime.interpreting() and q.dtype == torch.bfloat16, DOT_PREC=prec,
+        F32=q.dtype == torch.float32 and not runtime.interpreting(),
     )  # fmt: skip
 
 
@@ -709,8 +723,11 @@ class _FlashAttention(torch.autograd.Function):
         bsz, h, s_q, dh = q.shape
         h_kv, s_k = k.shape[1], k.shape[2]
         do = grad_out.contiguous()  # [B, H, Sq, Dh]; dq shares its strides
-        delta = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)  # rowsum(dO * O), by the dq kernel
         feat = _feature_args(q, k, table, span, ex)
+        if feat["F32"]:  # the dq kernel reads rowsum(dO * O); otherwise it writes it
+            delta = (do.float() * out.float()).sum(-1)  # [B, H, Sq]
+        else:
+            delta = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)
         table_grad = table is not None and ctx.needs_input_grad[3]
         span_grad = span is not None and ctx.needs_input_grad[4]
         dq = torch.empty_like(do)

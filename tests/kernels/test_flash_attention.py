@@ -337,6 +337,17 @@ def test_whole_tile_ranges_are_exact(causal, bm, bn):
                 _check_loop(f"queries of {case}", keys.reshape(-1, bm, bn), i_lo, g_lo, g_hi, i_hi)
 
 
+@needs_kernel
+@pytest.mark.parametrize("name", ["t5_bidirectional_window_gqa", "layout_bigbird_per_head_alibi_gqa"])
+def test_fp32_gpu_way_equals_the_reference(name, monkeypatch):
+    """fp32 on a GPU (``F32``) runs every tile through the masked loop and reads delta from torch; the
+    interpreter otherwise takes the fp16/bf16 way for every dtype, so force it here, on cases with whole tiles
+    and whole layout entries."""
+    feature_args = fa._feature_args
+    monkeypatch.setattr(fa, "_feature_args", lambda *a: feature_args(*a) | {"F32": True})
+    check_parity(name, torch.float32)
+
+
 def test_prepared_layout_lists_whole_entries_first_and_transposes():
     """``prepare_layout``: per query block the whole entries (every pair visible, judged with causality and
     the bounds) first, the same set of pairs as before; the transpose lists each key block's entries, whole
