@@ -46,6 +46,7 @@ parity ground truth of the tests, which also tie it to xfam's own references.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import NamedTuple
 
@@ -68,6 +69,7 @@ SHARED = -2
 _jit = triton.jit if triton is not None else (lambda fn: fn)
 #: Whether the kernels below were decorated for Triton's interpreter (TRITON_INTERPRET=1 at import).
 _INTERPRETED = runtime.interpreting()
+_log = logging.getLogger("xfam.kernels")
 
 
 # -- kernel helpers ---------------------------------------------------------------------------------------
@@ -560,7 +562,8 @@ def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> 
     fp16/bf16: compiled for sm_90 (``scripts/compile_kernels.py``), 4 warps made ptxas spill registers
     once a score bias or span joins (up to 560 B per thread at Dh 128), 8 warps do not for any single
     feature. fp32 (FMA dots) takes 32-wide tiles, 8 warps, and one stage for dk/dv (two spilled 0.5-2.5 KB
-    per thread). Untimed: no GPU was at hand when they were chosen (docs/kernels.md)."""
+    per thread). Untimed: no GPU was at hand when they were chosen (docs/kernels.md). Where a GPU has less
+    shared memory than sm_90's 227 KiB and the tiles need more, ``_run`` launches smaller ones."""
     size = 4 if dtype == torch.float32 else 2
     if layout_block is not None:  # one pipeline stage when the k and v tiles of two would not fit shared memory
         if size == 4 and layout_block >= 64 and not runtime.interpreting():  # fp32 FMA dots on whole blocks:
@@ -641,11 +644,49 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
     )  # fmt: skip
 
 
-def _launch(kind: str, q: Tensor, feat: dict, ex: _Extras) -> tuple[dict, int]:
-    """Launch options for ``kind`` (tile sizes, warps, stages) and the tile along its grid's first axis."""
-    t = _tiles(kind, feat["BLOCK_D"], q.dtype, ex.block if ex.layout is not None else None)
-    opts = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
-    return opts, t.block_n if kind == "dkdv" else t.block_m
+def _smaller(t: _Tiles, fixed: bool) -> _Tiles | None:
+    """The tiles to try after ``t`` on a device without the shared memory for it, or None: a pipeline stage
+    less, down to two; then half the larger tile, down to 32 (not where a layout fixes the tiles); then one
+    stage. Each step cuts the K and V buffers or the score-sized scratch (the T5 gathers') by a third to a half."""
+    if t.stages > 2:
+        return t._replace(stages=t.stages - 1)
+    if not fixed and max(t.block_m, t.block_n) > 32:
+        return t._replace(block_n=t.block_n // 2) if t.block_n >= t.block_m else t._replace(block_m=t.block_m // 2)
+    if t.stages > 1:
+        return t._replace(stages=1)
+    return None
+
+
+#: ``_fit_key`` -> the tiles that fit where the preferred ones did not (``_run``).
+_FITTED: dict[tuple, _Tiles] = {}
+
+
+def _fit_key(kind: str, q: Tensor, want: _Tiles, kw: dict) -> tuple:
+    """What a kernel's shared memory depends on: kind, device, dtype, padded head dim, tiles and flags set."""
+    return kind, q.device, q.dtype, kw["BLOCK_D"], want, *sorted(k for k, v in kw.items() if v is True)
+
+
+def _run(kernel, kind: str, q: Tensor, ex: _Extras, rows: int, programs: int, *args, **kw) -> None:  # noqa: ANN001
+    """Launch ``kernel`` (``kind``: fwd, dq or dkdv) over ``ceil(rows / tile) x programs`` with the tiles of
+    ``_tiles``, chosen for an H100 / H200 (227 KiB of shared memory per block). A device with less (an A100:
+    163 KiB; RTX 30xx / 40xx, A10, L4, L40: 99 KiB) may lack what they need (the T5 forward: up to 192 KiB;
+    docs/kernels.md): Triton then raises OutOfResources before anything runs, and ``_smaller`` tiles are
+    tried, each step logged once; those that fit are kept for the device and specialisation."""
+    fixed = ex.layout is not None
+    t = want = _tiles(kind, kw["BLOCK_D"], q.dtype, ex.block if fixed else None)
+    if _FITTED:  # (empty where the preferred tiles fit: no lookup)
+        t = _FITTED.get(_fit_key(kind, q, want, kw), want)
+    while True:
+        grid = (triton.cdiv(rows, t.block_n if kind == "dkdv" else t.block_m), programs)
+        try:
+            kernel[grid](*args, **kw, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
+            return
+        except triton.runtime.OutOfResources as e:
+            smaller = _smaller(t, fixed)
+            if smaller is None:
+                raise
+            _log.info("flash_attention %s: %s with %s; trying %s", kind, e, t, smaller)
+            _FITTED[_fit_key(kind, q, want, kw)] = t = smaller
 
 
 class BlockLayout(NamedTuple):
@@ -706,10 +747,9 @@ class _FlashAttention(torch.autograd.Function):
         feat = _feature_args(q, k, table, span, ex)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [B, H, Sq, Dh]
         lse = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)  # log2 domain, inf: no key
-        opts, tile = _launch("fwd", q, feat, ex)
-        _fwd_kernel[(triton.cdiv(s_q, tile), bsz * h)](
-            q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            **feat, MAY_BE_EMPTY=ex.may_be_empty(span), **opts,
+        _run(
+            _fwd_kernel, "fwd", q, ex, s_q, bsz * h, q, k, v, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), **feat, MAY_BE_EMPTY=ex.may_be_empty(span),
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, lse, table, span)
         ctx.ex = ex
@@ -733,22 +773,20 @@ class _FlashAttention(torch.autograd.Function):
         dq = torch.empty_like(do)
         dtable = torch.zeros(bsz, h, table.shape[0], dtype=torch.float32, device=q.device) if table_grad else None
         dspan = torch.zeros(bsz * h, dtype=torch.float32, device=q.device) if span_grad else None
-        opts, tile = _launch("dq", q, feat, ex)
-        _dq_kernel[(triton.cdiv(s_q, tile), bsz * h)](
-            q, k, v, out, do, dq, lse, delta, dtable, dspan,
+        _run(
+            _dq_kernel, "dq", q, ex, s_q, bsz * h, q, k, v, out, do, dq, lse, delta, dtable, dspan,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), *do.stride(),
-            NB=0 if table is None else table.shape[0], TABLE_GRAD=table_grad, SPAN_GRAD=span_grad, **feat, **opts,
+            NB=0 if table is None else table.shape[0], TABLE_GRAD=table_grad, SPAN_GRAD=span_grad, **feat,
         )  # fmt: skip
 
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [B, Hkv, Sk, Dh]
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         lay = ex.layout
         start, whole, flat = (None, None, None) if lay is None else (lay.k_start, lay.k_whole, lay.k_flat)
-        opts, tile = _launch("dkdv", q, feat, ex)
-        _dkdv_kernel[(triton.cdiv(s_k, tile), bsz * h_kv)](
-            q, k, v, do, dk, dv, lse, delta, start, whole, flat,
+        _run(
+            _dkdv_kernel, "dkdv", q, ex, s_k, bsz * h_kv, q, k, v, do, dk, dv, lse, delta, start, whole, flat,
             0 if start is None else start.stride(0), 0 if flat is None else flat.stride(0),
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), **feat, **opts,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), **feat,
         )  # fmt: skip
         if ex.may_be_empty(span):  # a query that saw no key copied its own value row
             alone = torch.isinf(lse)[..., None]  # [B, H, Sq, 1]

@@ -2,7 +2,7 @@
 
     python scripts/compile_kernels.py                # sm_90 (H100, H200): every variant -> docs/kernels_sm90.md
     python scripts/compile_kernels.py --quick        # bf16, head dims 64 and 128, the attention kernels only
-    python scripts/compile_kernels.py --arch 80      # A100
+    python scripts/compile_kernels.py --arch 86      # RTX 30xx, A10 (99 KiB of shared memory) -> docs/kernels_sm86.md
 
 The wrappers (``flash_attention``, ``causal_linear_attention``, ``rope``) run on CPU tensors and make the
 launches they make on a GPU (the same tile sizes, warps, stages and argument specialisations), but every launch
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dims", type=int, nargs="*", help="default: 32 64 128")
     p.add_argument("--quick", action="store_true", help="bf16, head dims 64 and 128, attention variants only")
     p.add_argument("--keep-cache", action="store_true", help="use Triton's cache (compile times become cache hits)")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "kernels_sm90.md", help="markdown file (markers)")
+    p.add_argument("--out", type=Path, help="markdown file (markers); default docs/kernels_sm<arch>.md")
     p.add_argument("--no-write", action="store_true", help="print the table only")
     args = p.parse_args(argv)
     if args.quick:
@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.variants = args.variants or list(ATTENTION + OTHERS)
     args.dtypes = args.dtypes or ["bf16", "fp16", "fp32"]
     args.head_dims = args.head_dims or [32, 64, 128]
+    args.out = args.out or ROOT / "docs" / f"kernels_sm{args.arch}.md"
     return args
 
 
@@ -84,8 +85,8 @@ class _TargetDriver:
 class _Compiler:
     """Stands in for a kernel: ``kernel[grid](*args, **kw)`` compiles (``warmup``) and records the result."""
 
-    def __init__(self, fn: Any, name: str, log: list[dict[str, Any]], context: dict[str, Any]) -> None:
-        self.fn, self.name, self.log, self.context = fn, name, log, context
+    def __init__(self, fn: Any, name: str, log: list[dict[str, Any]], context: dict[str, Any], limit: int) -> None:
+        self.fn, self.name, self.log, self.context, self.limit = fn, name, log, context, limit
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:
@@ -99,10 +100,15 @@ class _Compiler:
             fresh = sum(len(c[0]) for c in self.fn.device_caches.values()) > n_cached
             meta = {k: kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "C", "BM", "BDV", "BLOCK_S") if k in kwargs}
             meta |= {"warps": kernel.metadata.num_warps, "stages": kernel.metadata.num_stages}
+            over = kernel.metadata.shared > self.limit
             self.log.append(
                 {**self.context, "kernel": self.name, "fresh": fresh, "seconds": time.perf_counter() - t0,
-                 "shared": kernel.metadata.shared, "tiles": meta, **_resources(kernel)}
+                 "shared": kernel.metadata.shared, "tiles": meta, "over": over, **_resources(kernel)}
             )  # fmt: skip
+            if over:  # what the driver does at launch: the wrapper then tries smaller tiles
+                from triton.runtime import OutOfResources
+
+                raise OutOfResources(kernel.metadata.shared, self.limit, "shared memory")
 
         return launch
 
@@ -130,10 +136,12 @@ def install(arch: int, log: list[dict[str, Any]], context: dict[str, Any]) -> No
 
     triton.runtime.driver.set_active(_TargetDriver(arch))
     runtime.why_not = rope.why_not = lambda device, interpreted=None: None
+    limit = SHARED_LIMIT.get(arch, 1 << 62)
     for module in (flash_attention, linear_attention, rope):
         for name, fn in list(vars(module).items()):
             if isinstance(fn, JITFunction) and name.endswith("_kernel"):  # launched, not called from a kernel
-                setattr(module, name, _Compiler(fn, f"{module.__name__.rsplit('.', 1)[-1]}.{name}", log, context))
+                label = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+                setattr(module, name, _Compiler(fn, label, log, context, limit))
 
 
 # -- the launches -------------------------------------------------------------------------------------------
@@ -214,7 +222,8 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, elapsed: float)
     import triton
 
     limit = SHARED_LIMIT.get(args.arch)
-    ok = [r for r in rows if "error" not in r and r["fresh"]]
+    over = [r for r in rows if r.get("over") and r["fresh"]]
+    ok = [r for r in rows if "error" not in r and r["fresh"] and not r["over"]]
     half = [r for r in ok if r["dtype"] != "fp32"]
     spill = lambda rs: f"{sum(r['local'] > 0 for r in rs)} of {len(rs)}"  # noqa: E731
     lines = [
@@ -224,7 +233,8 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, elapsed: float)
         f"{sum('error' in r for r in rows)} errors.",
         "",
         f"* shared memory: at most {max((r['shared'] for r in ok), default=0) / 1024:.0f} KiB per block "
-        f"(limit {'unknown' if limit is None else f'{limit // 1024} KiB'});",
+        f"(limit {'unknown' if limit is None else f'{limit // 1024} KiB'}); {len(over)} launches asked for more "
+        f"and ran with smaller tiles (`_run`: the rows marked *over*, followed by the tiles that fit);",
         f"* kernels using local memory (register spills and stack): fp16/bf16 {spill(half)}, "
         f"fp32 {spill([r for r in ok if r['dtype'] == 'fp32'])}; "
         f"without the `everything` variant (all features at once) fp16/bf16 "
@@ -240,20 +250,24 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, elapsed: float)
                          f"{r['error'][:200].replace('|', '/')} | | | |")  # fmt: skip
         elif r["fresh"]:
             tiles = " ".join(f"{k}={v}" for k, v in r["tiles"].items())
+            shared = f"{r['shared'] / 1024:.1f}" + (" *over*" if r["over"] else "")
             lines.append(
                 f"| {r['kernel']} | {r['variant']} | {r['dtype']} | {r['dh']} | {tiles} | {r['regs']} | "
-                f"{r['local']} | {r['shared'] / 1024:.1f} | {r['seconds']:.1f} |"
+                f"{r['local']} | {shared} | {r['seconds']:.1f} |"
             )
     return "\n".join(lines)
 
 
 def problems(rows: list[dict[str, Any]], arch: int) -> list[str]:
+    """Compile errors, and kernels that would raise OutOfResources: beyond the target's shared memory, yet
+    launched (a wrapper that tries smaller tiles marks its attempt ``over`` and goes on; one that cannot
+    leaves an error)."""
     limit = SHARED_LIMIT.get(arch, 1 << 62)
     out = [f"{r['kernel']} ({r['variant']}, {r['dtype']}, Dh {r['dh']}): {r['error']}" for r in rows if "error" in r]
     out += [
         f"{r['kernel']} ({r['variant']}, {r['dtype']}, Dh {r['dh']}): {r['shared']} B of shared memory > {limit}"
         for r in rows
-        if "error" not in r and r["shared"] > limit
+        if "error" not in r and not r.get("over") and r["shared"] > limit
     ]
     return out
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of the Triton kernels in one run, sized for one call of the workplace's device tool
-# (at most ~9 minutes; docs/kernels.md#running-the-gpu-checks): kernel parity on CUDA (bf16 included),
+# (at most ~9 minutes; docs/kernels.md#gpu-checks): kernel parity on CUDA (bf16 included),
 # the end-to-end training check and ~3 minutes of the benchmark grid. Each step has its own time limit, so a slow step
 # cannot starve the others; everything written so far is kept. At most 7 files go to $OUT (the device tool
 # brings back 8): gpu.txt, parity.txt, e2e.txt, kernel_e2e.json, bench.txt, benchmarks.md and its .jsonl.

@@ -121,3 +121,15 @@ def test_kernels_decorated_before_the_interpreter_was_switched_on_are_refused_wi
     assert runtime.why_not(cpu, interpreted=True) is None and runtime.why_not(cpu) is None
     reason = runtime.why_not(cpu, interpreted=False)
     assert "TRITON_INTERPRET=1 was set after the kernel modules were imported" in reason and "Fix:" in reason
+
+
+def test_gpus_older_than_ampere_are_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton supports compute capability 8.0 and newer: on a T4 (7.5) ``why_not`` gives the reason and the fix
+    (``auto`` logs it and takes the PyTorch path, ``backend=triton`` raises it); A100, L4 and H100 pass."""
+    cuda = torch.device("cuda", 0)
+    for cc in ((8, 0), (8, 9), (9, 0)):
+        monkeypatch.setattr(runtime, "capability", lambda index, cc=cc: cc)
+        assert runtime.why_not(cuda) is None
+    monkeypatch.setattr(runtime, "capability", lambda index: (7, 5))
+    reason = runtime.why_not(cuda)
+    assert "compute capability 8.0 or newer" in reason and "this one is 7.5" in reason and "Fix: backend=auto" in reason

@@ -9,6 +9,7 @@ CPU; bf16 on CUDA only). Also: key blocks nobody may see are never read, and the
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -346,6 +347,64 @@ def test_fp32_gpu_way_equals_the_reference(name, monkeypatch):
     feature_args = fa._feature_args
     monkeypatch.setattr(fa, "_feature_args", lambda *a: feature_args(*a) | {"F32": True})
     check_parity(name, torch.float32)
+
+
+class _ShortOfSharedMemory:
+    """Stands in for a kernel on a device with ``limit`` bytes of shared memory per block, where the kernel needs
+    8 B per score of a tile and its K and V buffers in every pipeline stage: beyond the limit, the launch raises
+    OutOfResources as Triton does (before anything runs); within it, the real kernel runs."""
+
+    def __init__(self, kernel, kind: str, limit: int, launched: list) -> None:  # noqa: ANN001
+        self.kernel, self.kind, self.limit, self.launched = kernel, kind, limit, launched
+
+    def __getitem__(self, grid):  # noqa: ANN001, ANN204
+        def launch(*args, **kw) -> None:  # noqa: ANN002, ANN003
+            bm, bn, stages = kw["BLOCK_M"], kw["BLOCK_N"], kw["num_stages"]
+            need = 8 * bm * bn + 2 * stages * bn * kw["BLOCK_D"] * 4
+            self.launched.append((self.kind, bm, bn, stages, need <= self.limit))
+            if need > self.limit:
+                from triton.runtime import OutOfResources
+
+                raise OutOfResources(need, self.limit, "shared memory")
+            self.kernel[grid](*args, **kw)
+
+        return launch
+
+
+@needs_kernel
+def test_tiles_shrink_until_they_fit_the_devices_shared_memory(monkeypatch, caplog):
+    """Tiles chosen for an H100 need more shared memory than an RTX 4090 or an L4 has (the T5 forward: 160 KiB
+    of 99, docs/kernels.md): each kernel steps down (a stage less, then half a tile) until Triton stops refusing
+    the launch, logs each step once, gives the same results, and keeps the tiles that fit for the next call."""
+    launched = []
+    monkeypatch.setattr(fa, "_tiles", lambda kind, dh, dtype, block: fa._Tiles(64, 64, 4, 3))
+    monkeypatch.setattr(fa, "_FITTED", {})
+    for kind in ("fwd", "dq", "dkdv"):
+        name = f"_{kind}_kernel"
+        monkeypatch.setattr(fa, name, _ShortOfSharedMemory(getattr(fa, name), kind, 40_000, launched))
+    with caplog.at_level(logging.INFO, logger="xfam.kernels"):
+        check_parity("t5_bidirectional_window_gqa", torch.float32)  # Dh 32: 81,920 B, 65,536 B, then 32,768 B
+    steps = [(64, 64, 3, False), (64, 64, 2, False), (64, 32, 2, True)]
+    assert launched == [(kind, *step) for kind in ("fwd", "dq", "dkdv") for step in steps]
+    assert len(caplog.records) == 6 and "out of resource: shared memory, Required: 81920" in caplog.text
+    launched.clear()
+    check_parity("t5_bidirectional_window_gqa", torch.float32)
+    assert launched == [(kind, 64, 32, 2, True) for kind in ("fwd", "dq", "dkdv")]
+
+
+def test_smaller_tiles_cut_stages_to_two_then_halve_the_larger_tile():
+    def ladder(t, fixed):  # noqa: ANN001, ANN202
+        out = []
+        while t is not None:
+            out.append((t.block_m, t.block_n, t.stages))
+            t = fa._smaller(t, fixed)
+        return out
+
+    assert ladder(fa._Tiles(128, 64, 8, 3), False) == [
+        (128, 64, 3), (128, 64, 2), (64, 64, 2), (64, 32, 2), (32, 32, 2), (32, 32, 1)
+    ]  # fmt: skip
+    assert ladder(fa._Tiles(32, 64, 8, 2), False) == [(32, 64, 2), (32, 32, 2), (32, 32, 1)]
+    assert ladder(fa._Tiles(64, 64, 4, 2), True) == [(64, 64, 2), (64, 64, 1)]  # a layout fixes the tiles
 
 
 def test_prepared_layout_lists_whole_entries_first_and_transposes():
