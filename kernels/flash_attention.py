@@ -27,6 +27,8 @@ pair from positions, with query i at key index ``qpos = Sk - Sq + i`` (memory / 
   listed key blocks, under the element mask ``block_ok``; the backward visits, for each key block, the
   (query block, slot) pairs that list it (a CSR transpose of the layout built with torch). Whole entries
   (``block_ok`` all True, and whole as above) go first and load no element mask (``prepare_layout``).
+  A GPU short of shared memory gets tiles smaller than the layout's block (``_run``), each entry then
+  visited as several tiles.
 
 A query that may see no key at all (a left pad under a causal mask, a document-less row, a row of a
 sparse layout with nothing visible) attends to itself, as ``AttnMask.dense`` does: its output is its
@@ -261,16 +263,17 @@ def _nest(lo, whole_lo, whole_hi, hi):
 
 @_jit
 def _layout_tile(
-    LIDX, LOK, hp, qb, slot, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc, BLOCK: tl.constexpr, WHOLE: tl.constexpr
-):
-    """Key indices ``[BLOCK]`` and element mask ``[BLOCK, BLOCK]`` of layout entry ``(hp, qb, slot)``
-    (all True, not loaded, for a ``WHOLE`` entry)."""
+    LIDX, LOK, hp, qb, slot, row0, col0, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc,
+    LBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE: tl.constexpr,
+):  # fmt: skip
+    """Key indices ``[BN]`` and element mask ``[BM, BN]`` of the tile at rows ``row0``, columns ``col0`` of
+    layout entry ``(hp, qb, slot)``, an ``LBLOCK``-square (all True, not loaded, for a ``WHOLE`` entry)."""
     kb = tl.load(LIDX + hp * s_ih + qb * s_iq + slot * s_ik)
-    offs_n = kb * BLOCK + tl.arange(0, BLOCK)
+    offs_n = kb * LBLOCK + col0 + tl.arange(0, BLOCK_N)
     if WHOLE:
-        ok = tl.full([BLOCK, BLOCK], 1, tl.int1)
+        ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
     else:
-        rows, cols = tl.arange(0, BLOCK), slot * BLOCK + tl.arange(0, BLOCK)
+        rows, cols = row0 + tl.arange(0, BLOCK_M), slot * LBLOCK + col0 + tl.arange(0, BLOCK_N)
         ok = tl.load(LOK + hp * s_oh + qb * s_oq + rows[:, None] * s_or + cols[None, :] * s_oc) != 0
     return offs_n, ok
 
@@ -279,15 +282,16 @@ def _layout_tile(
 def _key_loop(
     pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
     CAUSAL: tl.constexpr, HAS_SPAN: tl.constexpr, HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    LBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """The key loop of query block ``pid_m``, head ``h``: layout head row ``hp`` and the tiles
+    """The key loop of query tile ``pid_m``, head ``h``: layout head row ``hp`` and the tiles
     ``lo <= whole_lo <= whole_hi <= hi``, those in ``[whole_lo, whole_hi)`` needing no positional mask.
-    A layout lists its whole entries first (``NWHOLE [Hp, nQ]`` of them)."""
+    A layout lists its whole entries first (``NWHOLE [Hp, nQ]`` of them); tile ``t`` is key sub-tile
+    ``t % (LBLOCK / BLOCK_N)`` of entry ``t // (LBLOCK / BLOCK_N)`` (``_key_tile``)."""
     if HAS_LAYOUT:
         hp = h if LAYOUT_PER_HEAD else 0
-        lo, whole_lo, hi = 0, 0, NKB
-        whole_hi = tl.load(NWHOLE + hp * s_wh + pid_m)
+        lo, whole_lo, hi = 0, 0, NKB * (LBLOCK // BLOCK_N)
+        whole_hi = tl.load(NWHOLE + hp * s_wh + pid_m * BLOCK_M // LBLOCK) * (LBLOCK // BLOCK_N)
     else:
         hp = 0
         w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
@@ -299,12 +303,18 @@ def _key_loop(
 
 @_jit
 def _key_tile(
-    t, hp, qb, LIDX, LOK, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc,
-    HAS_LAYOUT: tl.constexpr, WHOLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    t, hp, pid_m, LIDX, LOK, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc,
+    HAS_LAYOUT: tl.constexpr, WHOLE: tl.constexpr, LBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Key indices ``[BN]`` and layout element mask ``[BM, BN]`` of tile ``t`` of query block ``qb``'s loop."""
-    if HAS_LAYOUT:
-        offs_n, ok = _layout_tile(LIDX, LOK, hp, qb, t, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc, BLOCK_N, WHOLE)
+    """Key indices ``[BN]`` and layout element mask ``[BM, BN]`` of tile ``t`` of query tile ``pid_m``'s loop."""
+    if HAS_LAYOUT:  # tiles may be smaller than the layout's blocks (``_run``: a GPU with less shared memory)
+        qb, row0 = pid_m * BLOCK_M // LBLOCK, pid_m * BLOCK_M % LBLOCK
+        slot, col0 = t // (LBLOCK // BLOCK_N), t % (LBLOCK // BLOCK_N) * BLOCK_N
+        offs_n, ok = _layout_tile(
+            LIDX, LOK, hp, qb, slot, row0, col0, s_ih, s_iq, s_ik, s_oh, s_oq, s_or, s_oc, LBLOCK, BLOCK_M, BLOCK_N,
+            WHOLE,
+        )  # fmt: skip
     else:
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
         ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
@@ -323,7 +333,7 @@ def _fwd_kernel(
     LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB, NWHOLE, s_wh,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, HAS_SEG: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
-    HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, MAY_BE_EMPTY: tl.constexpr,
+    HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, MAY_BE_EMPTY: tl.constexpr, LBLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
@@ -344,7 +354,7 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hp, t_lo, whole_lo, whole_hi, t_hi = _key_loop(
         pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
-        CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
+        CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, LBLOCK, BLOCK_M, BLOCK_N,
     )  # fmt: skip
     if F32:  # no whole-tile loop: the masked loop takes every tile
         whole_hi = whole_lo
@@ -354,7 +364,7 @@ def _fwd_kernel(
             t = _tile(phase, i, t_lo, whole_lo, whole_hi)
             offs_n, ok = _key_tile(
                 t, hp, pid_m, LIDX, LOK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc,
-                HAS_LAYOUT, phase == 0, BLOCK_M, BLOCK_N,
+                HAS_LAYOUT, phase == 0, LBLOCK, BLOCK_M, BLOCK_N,
             )  # fmt: skip
             k = _load_rows(Kh, offs_n, offs_d, s_ks, s_kd, Sk, DH, UPCAST)  # [BN, BD]
             v = _load_rows(Vh, offs_n, offs_d, s_vs, s_vd, Sk, DH, UPCAST)  # [BN, BD]
@@ -396,7 +406,7 @@ def _dq_kernel(
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, HAS_SEG: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
     HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, TABLE_GRAD: tl.constexpr, SPAN_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    LBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """One program: dq of query block ``pid_m`` of (batch, head) ``pid_bh`` (the forward's key loop), plus
@@ -426,7 +436,7 @@ def _dq_kernel(
     dspan = tl.zeros([BLOCK_M], dtype=tl.float32)  # per query row, summed at the end
     hp, t_lo, whole_lo, whole_hi, t_hi = _key_loop(
         pid_m, h, Sq, Sk, window, ramp, SPAN, NWHOLE, s_wh, NKB,
-        CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, BLOCK_M, BLOCK_N,
+        CAUSAL, HAS_SPAN, HAS_LAYOUT, LAYOUT_PER_HEAD, LBLOCK, BLOCK_M, BLOCK_N,
     )  # fmt: skip
     if F32:  # no whole-tile loop: the masked loop takes every tile
         whole_hi = whole_lo
@@ -436,7 +446,7 @@ def _dq_kernel(
             t = _tile(phase, i, t_lo, whole_lo, whole_hi)
             offs_n, ok = _key_tile(
                 t, hp, pid_m, LIDX, LOK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc,
-                HAS_LAYOUT, phase == 0, BLOCK_M, BLOCK_N,
+                HAS_LAYOUT, phase == 0, LBLOCK, BLOCK_M, BLOCK_N,
             )  # fmt: skip
             k = _load_rows(Kh, offs_n, offs_d, s_ks, s_kd, Sk, DH, UPCAST)  # [BN, BD]
             v = _load_rows(Vh, offs_n, offs_d, s_vs, s_vd, Sk, DH, UPCAST)  # [BN, BD]
@@ -472,7 +482,7 @@ def _dkdv_kernel(
     LIDX, s_ih, s_iq, s_ik, LOK, s_oh_, s_oq, s_or, s_oc, NKB, NWHOLE, s_wh,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, HAS_SEG: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SPAN: tl.constexpr,
-    HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr,
+    HAS_LAYOUT: tl.constexpr, LAYOUT_PER_HEAD: tl.constexpr, LBLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
@@ -493,11 +503,12 @@ def _dkdv_kernel(
         h64 = h.to(tl.int64)
         Qh = Q + b64 * s_qb + h64 * s_qh
         DOh = DO + b64 * s_db + h64 * s_dh
-        if HAS_LAYOUT:  # the (query block, slot) entries listing this key block, whole ones first: a CSR row
-            hp = h if LAYOUT_PER_HEAD else 0
-            t_lo = tl.load(RSTART + hp * s_rh + pid_n)
-            whole_lo, whole_hi = t_lo, tl.load(RWHOLE + hp * s_rh + pid_n)
-            t_hi = tl.load(RSTART + hp * s_rh + pid_n + 1)
+        if HAS_LAYOUT:  # the (query block, slot) entries listing this key block, whole ones first: a CSR row,
+            hp = h if LAYOUT_PER_HEAD else 0  # each entry LBLOCK / BLOCK_M query tiles
+            kb = pid_n * BLOCK_N // LBLOCK
+            t_lo = tl.load(RSTART + hp * s_rh + kb) * (LBLOCK // BLOCK_M)
+            whole_lo, whole_hi = t_lo, tl.load(RWHOLE + hp * s_rh + kb) * (LBLOCK // BLOCK_M)
+            t_hi = tl.load(RSTART + hp * s_rh + kb + 1) * (LBLOCK // BLOCK_M)
         else:
             w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
             t_lo, t_hi = _query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
@@ -510,12 +521,14 @@ def _dkdv_kernel(
             for i in range(a, z):
                 t = _tile(phase, i, t_lo, whole_lo, whole_hi)
                 if HAS_LAYOUT:
-                    entry = tl.load(RFLAT + hp * s_fh + t)  # query block * NKB + slot
+                    entry = tl.load(RFLAT + hp * s_fh + t // (LBLOCK // BLOCK_M))  # query block * NKB + slot
                     qb, slot = entry // NKB, entry % NKB
-                    offs_m = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+                    row0 = t % (LBLOCK // BLOCK_M) * BLOCK_M
+                    offs_m = qb * LBLOCK + row0 + tl.arange(0, BLOCK_M)
                     _, ok = _layout_tile(
-                        LIDX, LOK, hp, qb, slot, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or, s_oc, BLOCK_N, phase == 0
-                    )
+                        LIDX, LOK, hp, qb, slot, row0, pid_n * BLOCK_N % LBLOCK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or,
+                        s_oc, LBLOCK, BLOCK_M, BLOCK_N, phase == 0,
+                    )  # fmt: skip
                 else:
                     offs_m = t * BLOCK_M + tl.arange(0, BLOCK_M)
                     ok = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
@@ -555,8 +568,9 @@ class _Tiles(NamedTuple):
 def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> _Tiles:
     """Tile sizes by kernel (``fwd``, ``dq``, ``dkdv``), padded head dim and dtype: a small fixed heuristic
     (no autotuning). ``block_m`` is the query tile, ``block_n`` the key tile; ``dkdv`` keeps its key tile
-    resident and streams query tiles. A layout fixes both tiles to its block. The interpreter runs tiles
-    one after the other, so it gets 32 x 16: few iterations, yet whole and masked tiles at test lengths.
+    resident and streams query tiles. A layout sets both tiles to its block (``_run`` may split it). The
+    interpreter runs tiles one after the other, so it gets 32 x 16: few iterations, yet whole and masked tiles
+    at test lengths.
 
     The GPU choices follow Triton's fused-attention tutorial (128-query forward tiles), with 8 warps for
     fp16/bf16: compiled for sm_90 (``scripts/compile_kernels.py``), 4 warps made ptxas spill registers
@@ -636,7 +650,7 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
         NKB=0 if lidx is None else lidx.shape[2], NWHOLE=whole, s_wh=0 if whole is None else whole.stride(0),
         CAUSAL=ex.causal, HAS_WINDOW=ex.window is not None, HAS_PAD=ex.key_padding is not None,
         HAS_SEG=ex.segments is not None, HAS_ALIBI=ex.alibi_slopes is not None, HAS_TABLE=table is not None,
-        HAS_SPAN=span is not None, HAS_LAYOUT=lidx is not None,
+        HAS_SPAN=span is not None, HAS_LAYOUT=lidx is not None, LBLOCK=16 if lidx is None else ex.block,
         LAYOUT_PER_HEAD=lidx is not None and lidx.shape[0] > 1,
         BLOCK_D=max(16, triton.next_power_of_2(dh)),
         UPCAST=runtime.interpreting() and q.dtype == torch.bfloat16, DOT_PREC=prec,
@@ -644,13 +658,16 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
     )  # fmt: skip
 
 
-def _smaller(t: _Tiles, fixed: bool) -> _Tiles | None:
+def _smaller(t: _Tiles) -> _Tiles | None:
     """The tiles to try after ``t`` on a device without the shared memory for it, or None: a pipeline stage
-    less, down to two; then half the larger tile, down to 32 (not where a layout fixes the tiles); then one
-    stage. Each step cuts the K and V buffers or the score-sized scratch (the T5 gathers') by a third to a half."""
+    less, down to two; then half the larger tile, down to 32 (a layout's block is then split into tiles), with
+    at most 8 warps; then one stage. Each step cuts the K and V buffers or the score-sized scratch (the T5
+    gathers') by a third to a half. (16 warps serve fp32 layouts' 64-blocks; on 32 x 32 fp32 dk/dv tiles they
+    spilled 768 B per thread on sm_86, 8 warps 88 B.)"""
     if t.stages > 2:
         return t._replace(stages=t.stages - 1)
-    if not fixed and max(t.block_m, t.block_n) > 32:
+    if max(t.block_m, t.block_n) > 32:
+        t = t._replace(warps=min(t.warps, 8))
         return t._replace(block_n=t.block_n // 2) if t.block_n >= t.block_m else t._replace(block_m=t.block_m // 2)
     if t.stages > 1:
         return t._replace(stages=1)
@@ -672,8 +689,7 @@ def _run(kernel, kind: str, q: Tensor, ex: _Extras, rows: int, programs: int, *a
     163 KiB; RTX 30xx / 40xx, A10, L4, L40: 99 KiB) may lack what they need (the T5 forward: up to 192 KiB;
     docs/kernels.md): Triton then raises OutOfResources before anything runs, and ``_smaller`` tiles are
     tried, each step logged once; those that fit are kept for the device and specialisation."""
-    fixed = ex.layout is not None
-    t = want = _tiles(kind, kw["BLOCK_D"], q.dtype, ex.block if fixed else None)
+    t = want = _tiles(kind, kw["BLOCK_D"], q.dtype, ex.block if ex.layout is not None else None)
     if _FITTED:  # (empty where the preferred tiles fit: no lookup)
         t = _FITTED.get(_fit_key(kind, q, want, kw), want)
     while True:
@@ -682,7 +698,7 @@ def _run(kernel, kind: str, q: Tensor, ex: _Extras, rows: int, programs: int, *a
             kernel[grid](*args, **kw, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
             return
         except triton.runtime.OutOfResources as e:
-            smaller = _smaller(t, fixed)
+            smaller = _smaller(t)
             if smaller is None:
                 raise
             _log.info("flash_attention %s: %s with %s; trying %s", kind, e, t, smaller)

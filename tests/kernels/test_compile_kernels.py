@@ -48,6 +48,22 @@ def test_attention_and_linear_kernels_compile_for_sm90_and_fit_its_shared_memory
         assert 0 < regs <= 255 and shared <= 227
 
 
+@pytest.mark.skipif(not _nvidia_tools(), reason="needs Triton with its NVIDIA backend (ptxas, cuobjdump)")
+def test_a_launch_beyond_the_targets_shared_memory_runs_with_smaller_tiles() -> None:
+    """sm_86 (RTX 30xx, A10: 99 KiB per block): the T5 forward's H100 tiles ask for 128 KiB at Dh 64. The
+    stand-in driver refuses them as a GPU would (OutOfResources) and the wrapper compiles smaller ones that fit."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--arch", "86", "--variants", "t5", "--dtypes", "bf16", "--head-dims", "64", "--no-write"]
+    res = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split(" | ") for line in res.stdout.splitlines() if line.startswith("| flash_attention.")]
+    fwd = [(r[4], r[7]) for r in rows if r[0] == "| flash_attention._fwd_kernel"]  # (tiles, shared KiB)
+    assert len(fwd) == 2 and fwd[0][1].endswith("*over*") and "stages=3" in fwd[0][0], fwd
+    assert float(fwd[1][1]) <= 99 and fwd[1][0] != fwd[0][0]
+    others = [float(r[7]) for r in rows if r[0] != "| flash_attention._fwd_kernel"]  # dq, dk/dv: fit at once
+    assert len(others) == 2 and max(others) <= 99
+
+
 def test_problems_name_compile_errors_and_shared_memory_beyond_the_target() -> None:
     script = load_script()
     base = {"variant": "alibi", "dtype": "bf16", "dh": 128, "kernel": "flash_attention._fwd_kernel"}

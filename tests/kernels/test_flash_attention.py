@@ -167,9 +167,10 @@ def test_shared_document_id_is_xfams():
 # -- the kernel equals the reference ------------------------------------------------------------------------
 
 
-def _bigbird(h: int, s_k: int) -> BigBirdPattern:
+def _bigbird(h: int, s_k: int, block: int = 16, causal: bool = False) -> BigBirdPattern:
     """Per-head random blocks (a layout with Hp = H), no global blocks (those are the caller's)."""
-    return BigBirdPattern(block=16, window=3, n_global=0, random=1, seed=0, layer=0, heads=h, causal=False, k_len=s_k)
+    return BigBirdPattern(block=block, window=3, n_global=0, random=1, seed=0, layer=0, heads=h, causal=causal,
+                          k_len=s_k)  # fmt: skip
 
 
 # name: (B, H, Hkv, Sq, Sk, Dh, feature kwargs builder)
@@ -206,6 +207,11 @@ CASES = {
         1, 2, 1, 64, 64, 32,
         lambda: {"alibi_slopes": AlibiBias(2, 2).slopes.to(DEVICE), "block": 16,
                  "layout": sparse_layout(_bigbird(2, 64), 64, 64, False)},
+    ),
+    "layout_sub_tiles_per_head_gqa": (  # (block 32, split into 16-tiles by a test)
+        1, 2, 1, 90, 90, 32,
+        lambda: {"causal": True, "block": 32, "alibi_slopes": AlibiBias(2, 2).slopes.to(DEVICE),
+                 "layout": sparse_layout(_bigbird(2, 90, block=32, causal=True), 90, 90, True)},
     ),
     "layout_strided_prefix_gqa": (
         1, 2, 1, 40, 72, 32,
@@ -393,18 +399,29 @@ def test_tiles_shrink_until_they_fit_the_devices_shared_memory(monkeypatch, capl
 
 
 def test_smaller_tiles_cut_stages_to_two_then_halve_the_larger_tile():
-    def ladder(t, fixed):  # noqa: ANN001, ANN202
+    def ladder(t):  # noqa: ANN001, ANN202
         out = []
         while t is not None:
-            out.append((t.block_m, t.block_n, t.stages))
-            t = fa._smaller(t, fixed)
+            out.append((t.block_m, t.block_n, t.warps, t.stages))
+            t = fa._smaller(t)
         return out
 
-    assert ladder(fa._Tiles(128, 64, 8, 3), False) == [
-        (128, 64, 3), (128, 64, 2), (64, 64, 2), (64, 32, 2), (32, 32, 2), (32, 32, 1)
+    assert ladder(fa._Tiles(128, 64, 8, 3)) == [
+        (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2), (32, 32, 8, 1)
     ]  # fmt: skip
-    assert ladder(fa._Tiles(32, 64, 8, 2), False) == [(32, 64, 2), (32, 32, 2), (32, 32, 1)]
-    assert ladder(fa._Tiles(64, 64, 4, 2), True) == [(64, 64, 2), (64, 64, 1)]  # a layout fixes the tiles
+    assert ladder(fa._Tiles(32, 64, 8, 2)) == [(32, 64, 8, 2), (32, 32, 8, 2), (32, 32, 8, 1)]
+    assert ladder(fa._Tiles(64, 64, 16, 1)) == [(64, 64, 16, 1), (64, 32, 8, 1), (32, 32, 8, 1)]  # fp32 layouts
+
+
+@needs_kernel
+@pytest.mark.parametrize("bm,bn", [(16, 32), (32, 16), (16, 16)])
+@pytest.mark.parametrize("name", ["layout_local_causal_padding", "layout_sub_tiles_per_head_gqa"])
+def test_layout_blocks_split_into_smaller_tiles_equal_the_reference(name, bm, bn, monkeypatch):
+    """Where a GPU lacks the shared memory for a tile as large as the layout's block (block 128 at Dh 128 on
+    an RTX 4090: 112 KiB of 99), ``_run`` splits each block into smaller tiles: every entry's sub-tiles, each
+    with its rows and columns of the element mask, in all three kernels (whole entries and partial ones)."""
+    monkeypatch.setattr(fa, "_tiles", lambda kind, dh, dtype, block: fa._Tiles(bm, bn, 1, 1))
+    check_parity(name, torch.float32)
 
 
 def test_prepared_layout_lists_whole_entries_first_and_transposes():
