@@ -568,9 +568,9 @@ class _Tiles(NamedTuple):
 def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> _Tiles:
     """Tile sizes by kernel (``fwd``, ``dq``, ``dkdv``), padded head dim and dtype: a small fixed heuristic
     (no autotuning). ``block_m`` is the query tile, ``block_n`` the key tile; ``dkdv`` keeps its key tile
-    resident and streams query tiles. A layout sets both tiles to its block (``_run`` may split it). The
-    interpreter runs tiles one after the other, so it gets 32 x 16: few iterations, yet whole and masked tiles
-    at test lengths.
+    resident and streams query tiles. A layout sets both tiles to its block, up to 64 (``_run`` may split it
+    further). The interpreter runs tiles one after the other, so it gets 32 x 16: few iterations, yet whole and
+    masked tiles at test lengths.
 
     The GPU choices follow Triton's fused-attention tutorial (128-query forward tiles), with 8 warps for
     fp16/bf16: compiled for sm_90 (``scripts/compile_kernels.py``), 4 warps made ptxas spill registers
@@ -579,11 +579,15 @@ def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> 
     per thread). Untimed: no GPU was at hand when they were chosen (docs/kernels.md). Where a GPU has less
     shared memory than sm_90's 227 KiB and the tiles need more, ``_run`` launches smaller ones."""
     size = 4 if dtype == torch.float32 else 2
-    if layout_block is not None:  # one pipeline stage when the k and v tiles of two would not fit shared memory
-        if size == 4 and layout_block >= 64 and not runtime.interpreting():  # fp32 FMA dots on whole blocks:
-            return _Tiles(layout_block, layout_block, 16, 1)  # 4 or 8 warps spilled 1-14 KiB per thread (sm_90)
-        stages = 2 if 2 * 2 * layout_block * dh * size <= 96 * 1024 else 1
-        return _Tiles(layout_block, layout_block, 4 if layout_block * dh <= 64 * 64 else 8, stages)
+    if layout_block is not None:
+        # The block, at most 64 (a larger one is split into tiles, ``_key_tile``): tiles of 128 spilled on sm_90
+        # (bf16: 370-400 B per thread at Dh 32, 180-280 B at Dh 128; fp32: 3-14 KiB) and fp32 ones asked for
+        # up to 320 KiB of shared memory. One pipeline stage when the k and v tiles of two would not fit.
+        b = min(layout_block, 64)
+        if size == 4 and b == 64 and not runtime.interpreting():  # fp32 FMA dots: 4 or 8 warps spilled 1-14 KiB
+            return _Tiles(b, b, 16, 1)
+        stages = 2 if 2 * 2 * b * dh * size <= 96 * 1024 else 1
+        return _Tiles(b, b, 4 if b * dh <= 64 * 64 else 8, stages)
     if runtime.interpreting():
         return _Tiles(32, 16, 1, 1)
     half = size == 2  # fp32 tiles take twice the registers and shared memory
