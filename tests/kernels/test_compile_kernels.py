@@ -48,10 +48,13 @@ def test_attention_and_linear_kernels_compile_for_sm90_and_fit_its_shared_memory
         assert 0 < regs <= 255 and shared <= 227
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _nvidia_tools(), reason="needs Triton with its NVIDIA backend (ptxas, cuobjdump)")
 def test_a_launch_beyond_the_targets_shared_memory_runs_with_smaller_tiles() -> None:
     """sm_86 (RTX 30xx, A10: 99 KiB per block): the T5 forward's H100 tiles ask for 128 KiB at Dh 64. The
-    stand-in driver refuses them as a GPU would (OutOfResources) and the wrapper compiles smaller ones that fit."""
+    stand-in driver refuses them as a GPU would (OutOfResources) and the wrapper compiles smaller ones that fit.
+    (Slow: 20-40 s of ptxas; test_tiles_shrink_until_they_fit_the_devices_shared_memory checks the same
+    fallback in the interpreter.)"""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = ["--arch", "86", "--variants", "t5", "--dtypes", "bf16", "--head-dims", "64", "--no-write"]
     res = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, cwd=ROOT)
