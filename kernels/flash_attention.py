@@ -503,12 +503,12 @@ def _dkdv_kernel(
         h64 = h.to(tl.int64)
         Qh = Q + b64 * s_qb + h64 * s_qh
         DOh = DO + b64 * s_db + h64 * s_dh
-        if HAS_LAYOUT:  # the (query block, slot) entries listing this key block, whole ones first: a CSR row,
-            hp = h if LAYOUT_PER_HEAD else 0  # each entry LBLOCK / BLOCK_M query tiles
-            kb = pid_n * BLOCK_N // LBLOCK
-            t_lo = tl.load(RSTART + hp * s_rh + kb) * (LBLOCK // BLOCK_M)
-            whole_lo, whole_hi = t_lo, tl.load(RWHOLE + hp * s_rh + kb) * (LBLOCK // BLOCK_M)
-            t_hi = tl.load(RSTART + hp * s_rh + kb + 1) * (LBLOCK // BLOCK_M)
+        if HAS_LAYOUT:  # the (query block, slot) entries listing this key block, whole ones first: a CSR row
+            hp = h if LAYOUT_PER_HEAD else 0
+            kb, per = pid_n * BLOCK_N // LBLOCK, LBLOCK // BLOCK_M  # per: query tiles of each entry
+            t_lo = tl.load(RSTART + hp * s_rh + kb) * per
+            whole_lo, whole_hi = t_lo, tl.load(RWHOLE + hp * s_rh + kb) * per
+            t_hi = tl.load(RSTART + hp * s_rh + kb + 1) * per
         else:
             w = _reach(window, ramp, Sk, SPAN, h, HAS_SPAN)
             t_lo, t_hi = _query_blocks(pid_n * BLOCK_N, Sq, Sk, w, CAUSAL, BLOCK_M, BLOCK_N)
@@ -521,9 +521,9 @@ def _dkdv_kernel(
             for i in range(a, z):
                 t = _tile(phase, i, t_lo, whole_lo, whole_hi)
                 if HAS_LAYOUT:
-                    entry = tl.load(RFLAT + hp * s_fh + t // (LBLOCK // BLOCK_M))  # query block * NKB + slot
+                    entry = tl.load(RFLAT + hp * s_fh + t // per)  # query block * NKB + slot
                     qb, slot = entry // NKB, entry % NKB
-                    row0 = t % (LBLOCK // BLOCK_M) * BLOCK_M
+                    row0 = t % per * BLOCK_M
                     offs_m = qb * LBLOCK + row0 + tl.arange(0, BLOCK_M)
                     _, ok = _layout_tile(
                         LIDX, LOK, hp, qb, slot, row0, pid_n * BLOCK_N % LBLOCK, s_ih, s_iq, s_ik, s_oh_, s_oq, s_or,
