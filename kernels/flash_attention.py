@@ -568,24 +568,23 @@ class _Tiles(NamedTuple):
 def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> _Tiles:
     """Tile sizes by kernel (``fwd``, ``dq``, ``dkdv``), padded head dim and dtype: a small fixed heuristic
     (no autotuning). ``block_m`` is the query tile, ``block_n`` the key tile; ``dkdv`` keeps its key tile
-    resident and streams query tiles. A layout sets both tiles to its block, up to 64 (``_run`` may split it
-    further). The interpreter runs tiles one after the other, so it gets 32 x 16: few iterations, yet whole and
-    masked tiles at test lengths.
+    resident and streams query tiles. An fp16/bf16 layout sets both tiles to its block, up to 64; an fp32 one
+    takes the plain fp32 tiles within its block (``_run`` may split either further). The interpreter runs tiles
+    one after the other, so it gets 32 x 16: few iterations, yet whole and masked tiles at test lengths.
 
     The GPU choices follow Triton's fused-attention tutorial (128-query forward tiles), with 8 warps for
     fp16/bf16: compiled for sm_90 (``scripts/compile_kernels.py``), 4 warps made ptxas spill registers
     once a score bias or span joins (up to 560 B per thread at Dh 128), 8 warps do not for any single
     feature. fp32 (FMA dots) takes 32-wide tiles, 8 warps, and one stage for dk/dv (two spilled 0.5-2.5 KB
-    per thread). Untimed: no GPU was at hand when they were chosen (docs/kernels.md). Where a GPU has less
-    shared memory than sm_90's 227 KiB and the tiles need more, ``_run`` launches smaller ones."""
+    per thread; dk/dv at Dh 128 takes 16 x 32 query x key tiles, as 32 x 32 spilled 100-170 B). Untimed: no
+    GPU was at hand when they were chosen (docs/kernels.md). Where a GPU has less shared memory than sm_90's
+    227 KiB and the tiles need more, ``_run`` launches smaller ones."""
     size = 4 if dtype == torch.float32 else 2
-    if layout_block is not None:
+    if layout_block is not None and (size == 2 or runtime.interpreting()):
         # The block, at most 64 (a larger one is split into tiles, ``_key_tile``): tiles of 128 spilled on sm_90
-        # (bf16: 370-400 B per thread at Dh 32, 180-280 B at Dh 128; fp32: 3-14 KiB) and fp32 ones asked for
-        # up to 320 KiB of shared memory. One pipeline stage when the k and v tiles of two would not fit.
+        # (bf16: 370-400 B per thread at Dh 32, 180-280 B at Dh 128) and asked for up to 160 KiB of shared
+        # memory at Dh 128. One pipeline stage when the k and v tiles of two would not fit.
         b = min(layout_block, 64)
-        if size == 4 and b == 64 and not runtime.interpreting():  # fp32 FMA dots: 4 or 8 warps spilled 1-14 KiB
-            return _Tiles(b, b, 16, 1)
         stages = 2 if 2 * 2 * b * dh * size <= 96 * 1024 else 1
         return _Tiles(b, b, 4 if b * dh <= 64 * 64 else 8, stages)
     if runtime.interpreting():
@@ -599,11 +598,14 @@ def _tiles(kind: str, dh: int, dtype: torch.dtype, layout_block: int | None) -> 
         ("dq", 128): (_Tiles(64, 32, 8, 2), _Tiles(32, 32, 8, 1)),
         ("dq", 256): (_Tiles(32, 32, 8, 1), _Tiles(16, 32, 8, 1)),
         ("dkdv", 64): (_Tiles(32, 64, 8, 2), _Tiles(32, 32, 8, 1)),
-        ("dkdv", 128): (_Tiles(32, 64, 8, 2), _Tiles(32, 32, 8, 1)),
+        ("dkdv", 128): (_Tiles(32, 64, 8, 2), _Tiles(16, 32, 8, 1)),
         ("dkdv", 256): (_Tiles(32, 32, 8, 1), _Tiles(16, 32, 8, 1)),
     }
     bound = 64 if dh <= 64 else 128 if dh <= 128 else 256
-    return table[kind, bound][0 if half else 1]
+    tiles = table[kind, bound][0 if half else 1]
+    if layout_block is not None:  # fp32: these tiles, within the block (whole 64-blocks spilled 1-14 KiB per thread)
+        tiles = tiles._replace(block_m=min(tiles.block_m, layout_block), block_n=min(tiles.block_n, layout_block))
+    return tiles
 
 
 class _Extras(NamedTuple):
@@ -664,14 +666,12 @@ def _feature_args(q: Tensor, k: Tensor, table: Tensor | None, span: Tensor | Non
 
 def _smaller(t: _Tiles) -> _Tiles | None:
     """The tiles to try after ``t`` on a device without the shared memory for it, or None: a pipeline stage
-    less, down to two; then half the larger tile, down to 32 (a layout's block is then split into tiles), with
-    at most 8 warps; then one stage. Each step cuts the K and V buffers or the score-sized scratch (the T5
-    gathers') by a third to a half. (16 warps serve fp32 layouts' 64-blocks; on 32 x 32 fp32 dk/dv tiles they
-    spilled 768 B per thread on sm_86, 8 warps 88 B.)"""
+    less, down to two; then half the larger tile, down to 32 (a layout's block is then split into tiles); then
+    one stage. Each step cuts the K and V buffers or the score-sized scratch (the T5 gathers') by a third to a
+    half."""
     if t.stages > 2:
         return t._replace(stages=t.stages - 1)
     if max(t.block_m, t.block_n) > 32:
-        t = t._replace(warps=min(t.warps, 8))
         return t._replace(block_n=t.block_n // 2) if t.block_n >= t.block_m else t._replace(block_m=t.block_m // 2)
     if t.stages > 1:
         return t._replace(stages=1)

@@ -24,7 +24,10 @@ Resets never form -inf - -inf: the cumulative log-decay skips -inf entries and a
 every pair with a reset in between, so weights across a reset are exact zeros (gradients at -inf entries
 are 0). Everything accumulates in fp32: loads are upcast, dots take fp32 operands on tensor cores, as 3xTF32
 (about fp32 accuracy) for fp32 inputs and plain TF32 for fp16/bf16 ones (their own precision, without fp16's
-range limit on the running state; IEEE fp32 dots made ptxas take minutes on 64-wide tiles). ``out`` has v's
+range limit on the running state; IEEE fp32 dots made ptxas take minutes on 64-wide tiles). fp32 inputs take
+plain TF32 too where ``torch.backends.cuda.matmul.allow_tf32`` is set (``torch.set_float32_matmul_precision``
+"high" or "medium"), as PyTorch's matmuls and the flash kernel do: 3xTF32 keeps three copies of each operand,
+and at m = 256 ptxas spilled 2-2.8 KiB per thread for them (TF32: 0-40 B). ``out`` has v's
 dtype; S_T is fp32. ``causal_linear_attention_reference``, the plain recurrence in PyTorch, is the ground truth.
 """
 
@@ -244,7 +247,8 @@ class _CausalLinearAttention(torch.autograd.Function):
         c, bm, bdv, warps, stages = _tiles(t, m, dv, chunk)
         n, every = triton.cdiv(t, c), _every(c)
         ns = triton.cdiv(n, every)  # kept states, besides S_T
-        prec = "tf32x3" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
+        fp32 = torch.float32 in (q.dtype, k.dtype, v.dtype) and not torch.backends.cuda.matmul.allow_tf32
+        prec = "tf32x3" if fp32 else "tf32"
         out = torch.empty_like(v)  # [B, H, T, Dv]
         states = torch.empty(b * h, ns + 1, m, dv, device=v.device, dtype=torch.float32)
         _fwd_kernel[(b * h, triton.cdiv(dv, bdv))](

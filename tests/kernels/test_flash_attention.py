@@ -9,6 +9,7 @@ CPU; bf16 on CUDA only). Also: key blocks nobody may see are never read, and the
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 
@@ -410,7 +411,23 @@ def test_smaller_tiles_cut_stages_to_two_then_halve_the_larger_tile():
         (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 8, 2), (64, 32, 8, 2), (32, 32, 8, 2), (32, 32, 8, 1)
     ]  # fmt: skip
     assert ladder(fa._Tiles(32, 64, 8, 2)) == [(32, 64, 8, 2), (32, 32, 8, 2), (32, 32, 8, 1)]
-    assert ladder(fa._Tiles(64, 64, 16, 1)) == [(64, 64, 16, 1), (64, 32, 8, 1), (32, 32, 8, 1)]  # fp32 layouts
+    assert ladder(fa._Tiles(64, 64, 4, 2)) == [(64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1)]
+    assert ladder(fa._Tiles(16, 32, 8, 1)) == [(16, 32, 8, 1)]  # fp32 dk/dv at Dh 128: nothing smaller
+
+
+def test_gpu_tiles_of_a_layout_lie_within_its_block(monkeypatch):
+    """On a GPU, every layout's tiles divide its block and are at most 64 wide; fp32 ones are the plain fp32
+    tiles within it (whole 64-blocks spilled 2 KiB per thread in fp32 dk/dv at Dh 128, compiled for sm_90)."""
+    monkeypatch.setattr(fa.runtime, "interpreting", lambda: False)
+    for kind, dh, dtype, block in itertools.product(
+        ("fwd", "dq", "dkdv"), (32, 64, 128), (torch.float32, torch.bfloat16), (16, 32, 64, 128, 256)
+    ):
+        t = fa._tiles(kind, dh, dtype, block)
+        assert 16 <= t.block_m <= 64 and 16 <= t.block_n <= 64, (kind, dh, dtype, block, t)
+        assert block % t.block_m == 0 and block % t.block_n == 0, (kind, dh, dtype, block, t)
+        if dtype == torch.float32:
+            plain = fa._tiles(kind, dh, dtype, None)
+            assert t == plain._replace(block_m=min(plain.block_m, block), block_n=min(plain.block_n, block))
 
 
 @needs_kernel

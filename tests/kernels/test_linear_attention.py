@@ -100,6 +100,35 @@ def test_value_columns_split_over_programs(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @needs_kernel
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_fp32_dots_are_3xtf32_unless_pytorch_allows_tf32(monkeypatch: pytest.MonkeyPatch, allow_tf32: bool) -> None:
+    """fp32 inputs: 3xTF32 dots (about fp32 accuracy), or plain TF32 where PyTorch's matmuls may use it
+    (``set_float32_matmul_precision("high")``); fp16 inputs: TF32 either way. Results stay the reference's."""
+    kernel, seen = module._fwd_kernel, []
+
+    class Recorder:
+        def __getitem__(self, grid):  # noqa: ANN001, ANN204
+            def launch(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+                seen.append(kw["PREC"])
+                return kernel[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(module, "_fwd_kernel", Recorder())
+    before, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, allow_tf32
+    try:  # (monkeypatch cannot undo this flag: it is a property of torch's cuBLAS module)
+        for dtype in (torch.float32, torch.float16):
+            leaves, kw = _case("alibi", dtype)
+            got, _ = _run(causal_linear_attention, leaves, kw, upcast=False)
+            want, _ = _run(causal_linear_attention_reference, leaves, kw, upcast=True)
+            tf32 = allow_tf32 or dtype != torch.float32  # 10-bit mantissas on a GPU (the interpreter: fp32)
+            _assert_close(got[0], want[0], 5e-3 if tf32 else TOL[dtype], f"out {dtype}")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert seen == ["tf32" if allow_tf32 else "tf32x3", "tf32"]
+
+
+@needs_kernel
 def test_one_state_per_64_positions_is_kept_and_the_rest_recomputed_exactly() -> None:
     """Chunks of 16: the forward keeps the states before chunks 0, 4, 8 and S_T (not all ten), and the
     backward's recomputed states give the reference's gradients, across a reset at a kept chunk (64) and
