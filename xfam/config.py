@@ -47,7 +47,7 @@ TRAINER_OWNED = (
 
 
 #: Keys of the trainer section that xfam reads itself (not Lightning arguments), with their choices.
-XFAM_TRAINER = {"nonfinite": ("stop", "skip")}
+XFAM_TRAINER = {"nonfinite": ("stop", "skip"), "matmul_precision": ("highest", "high", "medium")}
 
 
 def _trainer_params() -> list[str]:
@@ -81,8 +81,8 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
     out = []
     for key in trainer:
         if key in XFAM_TRAINER:
-            if trainer[key] not in XFAM_TRAINER[key]:
-                out.append(unknown_choice(f"trainer.{key}", trainer[key], XFAM_TRAINER[key], f"trainer.{key}=stop."))
+            if trainer[key] not in (choices := XFAM_TRAINER[key]):
+                out.append(unknown_choice(f"trainer.{key}", trainer[key], choices, f"trainer.{key}={choices[0]}."))
         elif key in TRAINER_OWNED:
             out.append(f"trainer.{key}: set by xfam from the logger/callbacks groups. Fix: remove it from trainer.")
         elif key not in valid:

@@ -17,7 +17,8 @@ def log_once(msg: str, level: int = logging.INFO) -> None:
 
 class _DropAdverts(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "litlogger" not in record.getMessage()
+        msg = record.getMessage()
+        return "litlogger" not in msg and "that has Tensor Cores" not in msg
 
 
 def quiet_lightning() -> None:
@@ -26,7 +27,9 @@ def quiet_lightning() -> None:
     * the mid-epoch resume warning: xfam's sampler resumes exactly (``xfam.data.sampler``);
     * "checkpoint directory exists": expected when a run continues;
     * "use sync_dist=True": epoch metrics are reduced by xfam before they are logged;
-    * the LitLogger advertisement.
+    * the LitLogger advertisement;
+    * the hint to call ``torch.set_float32_matmul_precision``: xfam's knob is ``trainer.matmul_precision``, applied
+      after Lightning's check (``xfam.lit.callbacks.MatmulPrecision``), so the hint would show whatever was chosen.
     """
     import warnings
 

@@ -14,6 +14,7 @@ from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
 from xfam.cli.hydra_app import precheck
 from xfam.config import check_machine, validate
 from xfam.errors import ConfigError
+from xfam.lit.callbacks import MatmulPrecision
 from xfam.lit.checkpoint import AtomicCheckpointIO
 
 REFUSAL = "trainer=fsdp needs GPUs; on CPU use trainer=ddp_cpu"
@@ -46,7 +47,8 @@ def test_fsdp_trainer_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setattr(xfam_trainer.L, "Trainer", lambda **kw: seen.update(kw))  # Lightning itself needs a GPU
     xfam_trainer.make_trainer(compose_cfg(["trainer=fsdp"]), tmp_path)
     assert seen["strategy"] == "fsdp" and seen["accelerator"] == "gpu" and seen["precision"] == "bf16-mixed"
-    assert "nonfinite" not in seen  # xfam's own key is not passed on
+    assert "nonfinite" not in seen and "matmul_precision" not in seen  # xfam's own keys are not passed on
+    assert [c.precision for c in seen["callbacks"] if isinstance(c, MatmulPrecision)] == ["highest"]
     assert any(isinstance(p, AtomicCheckpointIO) for p in seen["plugins"])
 
 

@@ -72,6 +72,7 @@ def cases() -> list[tuple[list[str], list[str]]]:
         (["exit=calm", "data=listops"], ["exit=calm exits per predicted token", "Fix:"]),
         (["exit=depth_adaptive", "exit.classifier=sequence"], ["would let every token see the future", "Fix:"]),
         (["trainer.nonfinite=ignore"], ["trainer.nonfinite: unknown value 'ignore'", "Fix:"]),
+        (["trainer.matmul_precision=tf32"], ["unknown value 'tf32'", "high, highest, medium", "Fix: trainer.matmul_"]),
         (["trainer.max_stepz=3"], ["Did you mean 'max_steps'", "Fix:"]),
         (["ckpt_path=/no/such.ckpt"], ["no such file", "Fix:"]),
         (["model.num_mem_kv=-1"], ["model.num_mem_kv=-1: must be >= 0", "Fix:"]),

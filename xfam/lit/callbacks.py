@@ -1,4 +1,4 @@
-"""Callbacks xfam adds to every run: throughput and the loss-curve plot."""
+"""Callbacks xfam adds to every run: progress, throughput, the loss-curve plot, the fp32 matmul precision."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 
-from xfam.logs import log
+from xfam.logs import log, log_once
 
 
 class StepProgressBar(RichProgressBar):
@@ -141,3 +142,31 @@ def plot_losses(train: list[tuple[int, float]], val: list[tuple[int, float]], pa
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+class MatmulPrecision(L.Callback):
+    """``trainer.matmul_precision``: ``torch.set_float32_matmul_precision`` for the run, in every process (spawned
+    DDP workers too), restored at teardown. ``high`` lets fp32 matmuls use TF32 tensor cores on a GPU (Ampere
+    and newer), and so do the Triton kernels' fp32 dots (kernels/flash_attention.py, linear_attention.py, which
+    follow ``torch.backends.cuda.matmul.allow_tf32``); ``medium`` allows bf16 too. Under ``bf16-mixed``
+    autocast most matmuls are bf16 anyway."""
+
+    MEANING = {
+        "highest": "fp32 matmuls in full fp32",
+        "high": "fp32 matmuls may use TF32 on GPUs (the Triton kernels' fp32 dots too)",
+        "medium": "fp32 matmuls may use TF32 or bf16 internally",
+    }
+
+    def __init__(self, precision: str) -> None:
+        self.precision, self.before = precision, None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.before is None:  # (fit, validate and test each set it and restore it)
+            self.before = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision(self.precision)
+            log_once(f"trainer.matmul_precision={self.precision}: {self.MEANING[self.precision]}")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.before is not None:
+            torch.set_float32_matmul_precision(self.before)
+            self.before = None

@@ -13,7 +13,7 @@ import lightning as L
 from lightning.pytorch import callbacks as cb
 from lightning.pytorch import loggers
 
-from xfam.lit.callbacks import LogProgress, LossCurve, StepProgressBar, Throughput
+from xfam.lit.callbacks import LogProgress, LossCurve, MatmulPrecision, StepProgressBar, Throughput
 from xfam.lit.checkpoint import AtomicCheckpointIO
 from xfam.lit.nonfinite import NonFiniteGuard
 from xfam.lit.preempt import Preemption, cluster_plugins
@@ -115,13 +115,14 @@ def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (
     cbs = CallbacksSpec(**cfg["callbacks"])
     trainer_kw = dict(cfg["trainer"])
     guard = NonFiniteGuard(trainer_kw.pop("nonfinite", "stop"), run_dir)
+    precision = MatmulPrecision(trainer_kw.pop("matmul_precision", "highest"))
     if cbs.progress_bar == "none" or not sys.stdout.isatty():
         trainer_kw["enable_progress_bar"] = False
     return L.Trainer(
         **trainer_kw,
         default_root_dir=str(run_dir),
         logger=make_loggers(LoggerSpec(**cfg["logger"]), run_dir, cfg["name"], resume_step),
-        callbacks=[*make_callbacks(cbs, run_dir, cfg.get("ckpt_path")), guard, *extra],
+        callbacks=[*make_callbacks(cbs, run_dir, cfg.get("ckpt_path")), guard, precision, *extra],
         plugins=[AtomicCheckpointIO(), *cluster_plugins()],  # signals: xfam.lit.preempt
         use_distributed_sampler=False,
     )
