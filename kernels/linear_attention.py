@@ -27,7 +27,7 @@ are 0). Everything accumulates in fp32: loads are upcast, dots take fp32 operand
 range limit on the running state; IEEE fp32 dots made ptxas take minutes on 64-wide tiles). fp32 inputs take
 plain TF32 too where ``torch.backends.cuda.matmul.allow_tf32`` is set (``torch.set_float32_matmul_precision``
 "high" or "medium"), as PyTorch's matmuls and the flash kernel do: 3xTF32 keeps three copies of each operand,
-and at m = 256 ptxas spilled 2-2.8 KiB per thread for them (TF32: 0-40 B). ``out`` has v's
+and at m = 256 ptxas spilled 2-2.8 KiB per thread for them (TF32: 0-64 B). ``out`` has v's
 dtype; S_T is fp32. ``causal_linear_attention_reference``, the plain recurrence in PyTorch, is the ground truth.
 """
 
@@ -219,9 +219,9 @@ def _tiles(t: int, m: int, dv: int, chunk: int) -> tuple[int, int, int, int, int
     Compiled for sm_90 (``scripts/compile_kernels.py``), the earlier C = 64, BDV = 4096 / BM with Triton's
     default 3 stages asked for up to 390 KiB of shared memory at m = 256 (an H100 or H200 has 227: the launch
     would fail) and spilled 1-6 KiB of registers per thread; these tiles take at most 48 KiB, spill nothing
-    for m <= 128 in fp16/bf16, at most 112 B at m = 256 (fp32, three TF32 dots each, spills at any tile). Untimed:
-    no GPU was at hand (docs/kernels.md). Interpreter: chunks up to ``chunk``, up to 128 value columns (fewer,
-    larger steps run faster there)."""
+    for m <= 128 in fp16/bf16, at most 112 B at m = 256 (fp32 with 3xTF32 dots spills at any tile: 2-2.8 KiB
+    at m = 256; with TF32 at most 64 B). Untimed: no GPU was at hand (docs/kernels.md). Interpreter: chunks up
+    to ``chunk``, up to 128 value columns (fewer, larger steps run faster there)."""
     bm = max(16, triton.next_power_of_2(m))
     c = min(chunk, max(16, triton.next_power_of_2(t)))  # a chunk longer than T: one chunk
     if runtime.interpreting():
