@@ -247,8 +247,8 @@ class _CausalLinearAttention(torch.autograd.Function):
         c, bm, bdv, warps, stages = _tiles(t, m, dv, chunk)
         n, every = triton.cdiv(t, c), _every(c)
         ns = triton.cdiv(n, every)  # kept states, besides S_T
-        fp32 = torch.float32 in (q.dtype, k.dtype, v.dtype) and not torch.backends.cuda.matmul.allow_tf32
-        prec = "tf32x3" if fp32 else "tf32"
+        fp32 = torch.float32 in (q.dtype, k.dtype, v.dtype)
+        prec = "tf32x3" if fp32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
         out = torch.empty_like(v)  # [B, H, T, Dv]
         states = torch.empty(b * h, ns + 1, m, dv, device=v.device, dtype=torch.float32)
         _fwd_kernel[(b * h, triton.cdiv(dv, bdv))](

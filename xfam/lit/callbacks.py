@@ -161,7 +161,7 @@ class MatmulPrecision(L.Callback):
         self.precision, self.before = precision, None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.before is None:  # (fit, validate and test each set it and restore it)
+        if self.before is None:  # each stage (fit, validate, test) sets it here and restores it at its teardown
             self.before = torch.get_float32_matmul_precision()
             torch.set_float32_matmul_precision(self.precision)
             log_once(f"trainer.matmul_precision={self.precision}: {self.MEANING[self.precision]}")
