@@ -7,8 +7,9 @@ and s = sin(p theta_k) (times the xPos scale when ``pos.xpos``), for the first r
 
 and channels r..Dh pass through (partial rotary). The PyTorch path (``xfam.pos.rope.Rope._rotate``) runs
 this as four elementwise passes over ``[B, H, S, Dh]`` (two halves, a concatenation, a multiply-add); the
-kernel reads x once and writes once. The backward is the inverse rotation of the incoming gradient
-(the tables are buffers, not trained): dx_k = g_k c_k + g_{k+r/2} s_k, dx_{k+r/2} = g_{k+r/2} c_k - g_k s_k.
+kernel reads x once and writes once. The backward applies the transposed rotation to the incoming gradient
+(with xPos-scaled tables the transpose, not the inverse; the tables are buffers, not trained):
+dx_k = g_k c_k + g_{k+r/2} s_k, dx_{k+r/2} = g_{k+r/2} c_k - g_k s_k.
 
 Tables come as xfam builds them (``Rope.rotary_tables``): ``cos [S, r]`` with equal halves and the signed
 sine ``[-s | s]``; the kernel reads the first half of ``cos`` and the second half of the sine.
@@ -47,7 +48,7 @@ def _rope_kernel(
     s = tl.load(SIN + rows[:, None] * stride_ts + HALF + cols[None, :], mask=ok, other=0.0)
     if UPCAST:  # the interpreter's bf16 arithmetic is wrong: compute in fp32
         x1, x2, c, s = x1.to(tl.float32), x2.to(tl.float32), c.to(tl.float32), s.to(tl.float32)
-    if BACKWARD:  # the inverse rotation
+    if BACKWARD:  # the transposed rotation (the inverse one only without xPos scales)
         o1, o2 = x1 * c + x2 * s, x2 * c - x1 * s
     else:
         o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s

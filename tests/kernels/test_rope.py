@@ -33,14 +33,17 @@ def test_kernel_equals_xfams_rotation(dtype: torch.dtype, head_dim: int, rotary_
     torch.testing.assert_close(rope_reference(x, cos, sin), expected, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("xpos_key", [False, True], ids=["rope", "xpos_key"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gradient_is_the_inverse_rotation(dtype: torch.dtype) -> None:
-    pos = Rope(head_dim=32, rotary_dim=16).to(DEVICE)
-    cos, sin = pos.rotary_tables(torch.arange(19, device=DEVICE), dtype)
+def test_gradient_is_the_transposed_rotation(dtype: torch.dtype, xpos_key: bool) -> None:
+    """With xPos's key tables (c / sigma, s / sigma) the backward is the transpose, not the inverse."""
+    pos = Rope(head_dim=32, rotary_dim=16, xpos=xpos_key, xpos_scale_base=8.0).to(DEVICE)
+    tables = pos.rotary_tables(torch.arange(19, device=DEVICE), dtype)
+    cos, sin = tables[2:] if xpos_key else tables
     x = torch.randn(1, 2, 19, 32, device=DEVICE, dtype=dtype, requires_grad=True)
     g = torch.randn_like(x)
     (dx,) = torch.autograd.grad(rope(x, cos, sin), x, g)
-    (ref,) = torch.autograd.grad(pos.rotate(x, (cos, sin)), x, g)
+    (ref,) = torch.autograd.grad(pos.rotate(x, tables, key=True), x, g)
     torch.testing.assert_close(dx, ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 

@@ -73,6 +73,16 @@ def test_bad_settings_are_config_errors():
     assert "odd" in T5.check({"num_buckets": 31, "max_distance": 128}, {"causal": False})[0]
     assert T5.check({"num_buckets": 31, "max_distance": 128}, {"causal": True}) == []
     assert "exact range" in T5.check({"num_buckets": 32, "max_distance": 8}, {"causal": False})[0]
+    assert "pos.num_buckets >= 4" in T5.check({"num_buckets": 2, "max_distance": 128}, {"causal": False})[0]
+    assert T5.check({"num_buckets": 2, "max_distance": 128}, {"causal": True}) == []  # one exact bucket, one far
+
+
+def test_the_smallest_tables_the_check_accepts_bucket_every_distance():
+    n = torch.arange(-300, 301)
+    for causal, nb in ((True, 2), (False, 4)):
+        assert T5.check({"num_buckets": nb, "max_distance": 128}, {"causal": causal}) == []
+        got = t5_bucket(n, causal, nb, 128)
+        assert got.min() >= 0 and got.max() == nb - 1
 
 
 @pytest.mark.parametrize("name", ["local", "longformer", "bigbird", "fixed"])

@@ -101,10 +101,24 @@ def test_bidirectional_models_refuse_it_with_the_reason():
 
 def test_positions_past_the_float_range_are_refused():
     rope = Rope(head_dim=8, xpos=True, xpos_scale_base=2.0)
-    top = rope.xpos_max_position(torch.float32)  # zeta_0^(-p/gamma) = float max
-    assert top == int(math.log(torch.finfo(torch.float32).max) / math.log(1.4 / 0.4) * 2.0)
+    top = rope.xpos_max_position(torch.float32)  # zeta_0^(-p/gamma) = float max / 256
+    assert top == int(math.log(torch.finfo(torch.float32).max / 256) / math.log(1.4 / 0.4) * 2.0)
     tables = rope.rotary_tables(torch.arange(top - 3, top + 1), torch.float32)
     assert all(torch.isfinite(t).all() for t in tables)
     with pytest.raises(ConfigError, match=r"pos.xpos=true: position .* Fix: a larger pos.xpos_scale_base"):
         rope.rotary_tables(torch.arange(top, top + 2), torch.float32)
     assert rope.xpos_max_position(torch.float16) < top
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_keys_up_to_128_stay_finite_at_the_last_position_allowed(dtype):
+    """The limit counts the rotated key times its scale, not the scale alone: in fp16 the table alone fits up to
+    9 gamma, where a key entry of 2 already overflowed."""
+    rope = Rope(head_dim=8, xpos=True, xpos_scale_base=16.0)
+    top = rope.xpos_max_position(dtype)
+    p = torch.arange(top - 1, top + 1)
+    tables = rope.rotary_tables(p, dtype)
+    for x in (torch.full((1, 1, 2, 8), 128.0, dtype=dtype), torch.full((1, 1, 2, 8), -128.0, dtype=dtype)):
+        assert torch.isfinite(rope.rotate(x, tables, key=True)).all()
+        q = rope.rotate(x / 128, tables)  # the query scale, the inverse, is still a normal number
+        assert (q.abs()[..., :4] >= torch.finfo(dtype).tiny).all()

@@ -2,9 +2,9 @@
 
 Query and key at position i are rotated by R(i * theta_k) in each 2-D subspace k, with
 theta_k = base^(-2k/d); then q_i . k_j depends on positions only through j - i. The paper pairs
-channels (2k, 2k+1); xfam pairs channel k with k + d/2 ("rotate half", as GPT-NeoX and
-x-transformers do), which is the same rotation after a fixed permutation of head channels that
-the learned projections absorb, and is cheaper (two contiguous halves instead of strided pairs).
+channels (2k, 2k+1), as x-transformers does; xfam pairs channel k with k + d/2 ("rotate half", as
+GPT-NeoX does), which is the same rotation after a fixed permutation of head channels that the
+learned projections absorb, and is cheaper (two contiguous halves instead of strided pairs).
 
 Options: ``rotary_dim`` rotates only the first r channels of each head (GPT-NeoX's partial rotary,
 x-transformers' ``rotary_emb_dim``; theta_k = base^(-2k/r)), the other Dh - r channels carry no
@@ -15,12 +15,13 @@ query at position n is also scaled by zeta^(n / gamma) and the key at m by zeta^
 channel pair k, zeta_k = (2k / r + 0.4) / 1.4, gamma = ``xpos_scale_base`` (512 in the paper), so the
 score gains the factor zeta^((n - m) / gamma): still relative, decaying with distance for n >= m. It
 grows for keys ahead of the query, so xPos is causal-only (as in the paper and x-transformers).
-The scale is taken from position 0 (not re-centred per call) so cached keys keep their scale;
-zeta_0^(p / gamma) stays within float range only up to ``xpos_max_position`` (about 70 gamma in
-fp32/bf16, 9 gamma in fp16), past which positions are refused with that message.
+The scale is taken from position 0 (not re-centred per call) so cached keys keep their scale; a key's
+scale zeta_0^(-p / gamma) grows with p, and the scaled key stays finite (entries up to 128) only up to
+``xpos_max_position`` (about 66 gamma in fp32/bf16, 4.4 gamma in fp16), past which positions are
+refused with that message.
 
 ``backend``: ``torch`` (four elementwise passes), ``triton`` (one fused pass, ``kernels/rope.py``: reads x
-once, writes once, backward = the inverse rotation), ``auto`` (the kernel on CUDA, PyTorch elsewhere).
+once, writes once, backward = the transposed rotation), ``auto`` (the kernel on CUDA, PyTorch elsewhere).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from xfam.kernels import runtime
 from xfam.logs import log_once
 from xfam.pos.base import POS, PositionalEncoding
 from xfam.registry import Positive, Range
+
+XPOS_HEADROOM = 256.0  # at xpos_max_position a rotated key entry x c + x' s (|x|, |x'| <= 128) times its scale fits
 
 
 @POS.register("rope")
@@ -97,8 +100,12 @@ class Rope(PositionalEncoding):
         return []
 
     def xpos_max_position(self, dtype: torch.dtype) -> int:
-        """Largest position whose xPos scale zeta_0^(-p / gamma) (and its inverse) ``dtype`` can hold."""
-        return int(math.log(torch.finfo(dtype).max) / -math.log(float(self.zeta[0])) * self.xpos_scale_base)
+        """Largest position p whose xPos key scale zeta_0^(-p / gamma) times ``XPOS_HEADROOM`` (256: a rotated
+        pair of key entries up to 128) still fits ``dtype``. The table alone would fit up to 2^8 times larger
+        scales (fp16: 9 gamma, where any key entry above 1 overflowed); the query scale, its inverse, then stays
+        a normal number too."""
+        top = math.log(torch.finfo(dtype).max / XPOS_HEADROOM)
+        return int(top / -math.log(float(self.zeta[0])) * self.xpos_scale_base)
 
     def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, ...]:
         """``cos [S, r]`` and the signed sine ``[-sin | sin]``, so that ``rotate`` is one fused
@@ -111,8 +118,8 @@ class Rope(PositionalEncoding):
             return cos.to(dtype), ssin.to(dtype)
         if positions.numel() and (last := int(positions[-1])) > (top := self.xpos_max_position(dtype)):
             raise ConfigError(
-                f"pos.xpos=true: position {last} is past {top}, the last whose xPos scale "
-                f"zeta^(p / {self.xpos_scale_base:g}) {dtype} can represent. Fix: a larger pos.xpos_scale_base, "
+                f"pos.xpos=true: position {last} is past {top}, the last where keys scaled by xPos's "
+                f"zeta^(-p / {self.xpos_scale_base:g}) stay within {dtype}. Fix: a larger pos.xpos_scale_base, "
                 f"a wider dtype, or shorter sequences."
             )
         power = positions.to(self.zeta)[:, None] / self.xpos_scale_base  # [S, 1]

@@ -3,7 +3,8 @@
 PE(i, 2k) = sin(i / base^(2k/d)), PE(i, 2k+1) = cos(i / base^(2k/d)), added to the input.
 Vaswani et al. multiply the embeddings by sqrt(d) so that they and the unit-amplitude sinusoids are
 of comparable size; xfam initialises embeddings with std 0.02 instead, so it scales the sinusoids
-by ``scale`` (default 1/sqrt(d)), which keeps the same ratio without changing the embedding.
+by ``scale`` (default 1/sqrt(d)) rather than the embedding: a scaled PE vector then has norm about 0.7,
+an embedding about 0.02 sqrt(d) (0.32 at d = 256), the same order though not the paper's exact ratio.
 """
 
 from __future__ import annotations

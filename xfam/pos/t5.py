@@ -8,7 +8,9 @@ with ``n = i - j`` (how far back the key is),
   it (``n < 0``), each half by ``|n|``; causal: every bucket for ``max(n, 0)``;
 * within a half of B buckets: ``|n| < B/2`` gets its own bucket (the exact range); beyond,
   ``B/2 + floor(log(|n| / (B/2)) / log(max_distance / (B/2)) * (B - B/2))``, at most ``B - 1``:
-  log-spaced buckets up to ``max_distance``, and one bucket for everything further.
+  log-spaced buckets that would reach bucket B at ``max_distance``; clamped, the last bucket holds
+  every distance from where the formula reaches B - 1 (91 for the bidirectional defaults 32 and
+  128, 113 causal).
 
 One table ``[num_buckets, H]`` for the whole model (T5 shares it across layers), initialised
 N(0, 0.02). The bias depends only on ``i - j``, so it is relative (memory keeps its meaning), and it
@@ -69,7 +71,8 @@ class T5(PositionalEncoding):
 
     Args:
         num_buckets: buckets (bidirectional: half for keys before or at the query, half after).
-        max_distance: distances from here on share the last bucket.
+        max_distance: where the log-spaced buckets would run out; the last bucket starts somewhat
+            before it (the module docstring).
     """
 
     paper = "Raffel et al., JMLR 2020, arXiv:1910.10683 (T5)"
@@ -94,6 +97,9 @@ class T5(PositionalEncoding):
         half = nb if ctx.get("causal") else nb // 2  # buckets per direction
         if ctx.get("causal") is False and nb % 2:
             return [f"num_buckets={nb} is odd; bidirectional T5 splits them in two halves. Fix: an even count."]
+        if half < 2:  # the exact range half // 2 would be empty, and the log-spaced buckets divide by it
+            return [f"num_buckets={nb} leaves {half} per direction; bidirectional T5 needs at least 2 (one exact, "
+                    "one log-spaced). Fix: pos.num_buckets >= 4."]  # fmt: skip
         if md <= half // 2:
             return [
                 f"max_distance={md} must exceed the exact range ({half // 2} = half of the {half} buckets per "
