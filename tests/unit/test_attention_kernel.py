@@ -398,19 +398,51 @@ def test_large_inputs_stay_finite():
 
 
 def test_features_redraw_exactly_every_n_training_steps_and_never_in_eval():
-    mech = build("performer", redraw_every=3).float().train()
-    q, k, v = (t.float() for t in qkv())
+    model = build_model(attention={"name": "performer", "num_features": 16, "redraw_every": 3}, layers=1).train()
+    (mech,) = [m for m in model.modules() if hasattr(m, "proj")]
+    x = torch.randint(0, 13, (2, 10))
     seen = []
     for _ in range(10):
-        mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True))
+        model(x)
         seen.append(mech.proj.clone())
     changed = [i for i in range(1, 10) if not torch.equal(seen[i], seen[i - 1])]
     assert changed == [3, 6, 9]  # the 4th, 7th and 10th training steps use new features
     assert int(mech.steps) == 10
-    mech.eval()
+    model.eval()
     for _ in range(5):
-        mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True))
+        model(x)
     assert torch.equal(mech.proj, seen[-1]) and int(mech.steps) == 10
+
+
+@pytest.mark.parametrize("name", ["performer", "rfa"])
+def test_a_layer_run_several_times_in_one_step_keeps_its_features(name):
+    """ACT runs one shared block up to T times per forward: the schedule advances once per training step (the
+    model's ``new_step``), not per call. Counting calls redrew mid-step: RFA's backward then failed on the
+    overwritten features, and Performer's repeats each saw other features."""
+    model = build_model(attention={"name": name, "redraw_every": 1}, exit={"name": "act"}, layers=3).train()
+    (mech,) = [m for m in model.modules() if hasattr(m, "proj")]
+    x = torch.randint(0, 13, (2, 10))
+    for step in range(1, 3):
+        before = mech.proj.clone()
+        out = model(x)
+        (out.logits.pow(2).mean() + sum(out.aux.values())).backward()
+        assert int(mech.steps) == step
+        assert torch.equal(mech.proj, before) == (step == 1)  # step 2 is the first with new features
+
+
+def test_a_reversible_recomputation_uses_the_features_of_its_forward():
+    """The reversible stack recomputes each layer in backward: with a redraw per call it took the gradients of
+    features the forward never used (the outputs agreed, the gradients did not)."""
+    x = torch.randint(0, 13, (2, 10))
+
+    def grads(redraw_every):
+        attention = {"name": "rfa", "redraw_every": redraw_every}
+        model = build_model(attention=attention, reversible=True, dtype=torch.float64).train()
+        model(x).logits.pow(2).mean().backward()
+        return [p.grad for p in model.parameters() if p.grad is not None]
+
+    for a, b in zip(grads(None), grads(1), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_save_and_load_midway_keeps_the_schedule_and_the_features():
@@ -418,6 +450,7 @@ def test_save_and_load_midway_keeps_the_schedule_and_the_features():
         q, k, v = (t.float() for t in qkv())
         out = []
         for _ in range(steps):
+            mech.new_step()  # what the model does at the start of each training forward
             mech(q, k, v, AttnMask(q_len=S, k_len=S, causal=True))
             out.append(mech.proj.clone())
         return out

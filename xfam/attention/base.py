@@ -55,6 +55,12 @@ class AttentionMechanism(nn.Module, Component):
     aux_loss: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)
 
+    def new_step(self) -> None:
+        """Called by the model once at the start of every training forward (a training step; each micro-batch
+        under gradient accumulation), before any layer runs. A mechanism with a step schedule (random-feature
+        redraws) advances it here, not in ``forward``, which can run more than once per step: ACT's shared
+        block, a reversible stack's recomputation in backward. Default: nothing."""
+
     def aux_losses(self) -> dict[str, Tensor]:
         """Auxiliary losses of the last ``forward`` (e.g. an L1 span penalty), already weighted;
         the model adds them to its output's ``aux`` as ``attention/<name>`` (summed over layers)."""

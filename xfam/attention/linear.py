@@ -349,9 +349,10 @@ class KernelAttention(AttentionMechanism):
     own Hkv heads, and ``exact_logits(q, k)``. ``features=exact`` evaluates the kernel itself,
     exp(x . y), on the quadratic path: the m -> infinity limit, which is softmax attention.
 
-    Redraw schedule: ``steps`` counts training-mode forward calls (a buffer, so it survives
-    checkpoints); the call that finds ``steps`` a positive multiple of ``redraw_every`` draws new
-    features first. Draw r comes from a generator seeded by (``seed``, r), ``seed`` a buffer drawn from
+    Redraw schedule: ``steps`` counts training steps (``new_step``, which the model calls once per training
+    forward, so every run of the layer within a step, ACT's repeats and a reversible recomputation included,
+    uses the same features; a buffer, so it survives checkpoints); the step that finds ``steps`` a positive
+    multiple of ``redraw_every`` draws new features first. Draw r comes from a generator seeded by (``seed``, r), ``seed`` a buffer drawn from
     the global RNG at construction: resumes and data-parallel ranks get identical features.
     """
 
@@ -382,8 +383,8 @@ class KernelAttention(AttentionMechanism):
     def _generator(self, index: int) -> torch.Generator:
         return torch.Generator().manual_seed((int(self.seed) * 1_000_003 + index) % 2**63)
 
-    def _redraw_if_due(self) -> None:
-        if not self.training or self.redraw_every is None or self.features == "exact":
+    def new_step(self) -> None:
+        if self.redraw_every is None or self.features == "exact":
             return
         step = int(self.steps)
         if step > 0 and step % self.redraw_every == 0:
@@ -434,7 +435,6 @@ class KernelAttention(AttentionMechanism):
         bias: ScoreBias | None = None,
         modifier: ScoreModifier | None = None,
     ) -> Tensor:
-        self._redraw_if_due()
         heads = q.shape[1]
         if self.features == "exact":
             logits = self.exact_logits(q, expand_kv(k, heads))

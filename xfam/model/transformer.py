@@ -121,6 +121,13 @@ class XfamModel(nn.Module):
         """The last layer's memory when it mixes into the head's input (SPALM), else None."""
         return self.memories[-1] if self.memories[-1].mixes_output else None
 
+    def new_step(self) -> None:
+        """Start a training step (every training forward calls it): each attention mechanism advances its step
+        schedule once here, however often its layer then runs (``AttentionMechanism.new_step``)."""
+        for m in self.modules():
+            if isinstance(m, AttentionMechanism):
+                m.new_step()
+
     # -- state -----------------------------------------------------------------------------------
     def init_memory(self, batch_size: int, device: torch.device) -> list[MemoryState]:
         """Empty memory for every layer (pass to ``forward(memory=...)``)."""
@@ -149,6 +156,8 @@ class XfamModel(nn.Module):
                 training to exit policies that train per-layer classifiers (``exit=calm``, ...).
         """
         b, s = tokens.shape
+        if self.training and cache is None:
+            self.new_step()
         offset = cache.length if cache is not None else 0
         retrieved = None  # SPALM's neighbours of every position, mixed into the head's input
         if self.output_memory is not None and cache is None:  # (generation refuses models with memory)
