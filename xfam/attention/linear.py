@@ -352,8 +352,9 @@ class KernelAttention(AttentionMechanism):
     Redraw schedule: ``steps`` counts training steps (``new_step``, which the model calls once per training
     forward, so every run of the layer within a step, ACT's repeats and a reversible recomputation included,
     uses the same features; a buffer, so it survives checkpoints); the step that finds ``steps`` a positive
-    multiple of ``redraw_every`` draws new features first. Draw r comes from a generator seeded by (``seed``, r), ``seed`` a buffer drawn from
-    the global RNG at construction: resumes and data-parallel ranks get identical features.
+    multiple of ``redraw_every`` draws new features first. Draw r comes from a generator seeded by
+    (``seed``, r), ``seed`` a buffer drawn from the global RNG at construction: resumes and data-parallel
+    ranks get identical features.
     """
 
     hosts_modifiers = False
