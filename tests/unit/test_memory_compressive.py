@@ -77,10 +77,13 @@ def test_a_remainder_waits_until_its_group_is_complete():
 def test_conv_and_dilated_conv_against_their_definitions():
     mem = MEMORY.build(compressive(compression="dilated_conv"), dim=8)
     old = torch.randn(2, 6, 8)
-    got = mem.compress(old)  # [2, 3, 8]: slot j sees states 2j-1 (zero before 0) and 2j+1 (dilation 2)
-    w, b = mem.conv.weight, mem.conv.bias  # [D_out, D_in, 2]
-    padded = torch.cat((torch.zeros(2, 1, 8), old), 1)
-    want = torch.stack([padded[:, 2 * j] @ w[..., 0].T + padded[:, 2 * j + 2] @ w[..., 1].T + b for j in range(3)], 1)
+    got = mem.compress(old)  # [2, 3, 8]: y_t = W0 x_{t-2} + W1 x_t + b (dilation 2, zero before 0), then conv
+    w0, w1 = mem.dilate.weight[..., 0], mem.dilate.weight[..., 1]  # [D_out, D_in]
+    before = torch.cat((torch.zeros(2, 2, 8), old[:, :-2]), 1)
+    y = before @ w0.T + old @ w1.T + mem.dilate.bias
+    wc = mem.conv.weight  # [D_out, D_in, 2]
+    slot = lambda j: y[:, 2 * j] @ wc[..., 0].T + y[:, 2 * j + 1] @ wc[..., 1].T + mem.conv.bias  # noqa: E731
+    want = torch.stack([slot(j) for j in range(3)], 1)
     assert torch.allclose(got, want, atol=1e-6)
     conv = MEMORY.build(compressive(compression="conv"), dim=8)
     want = torch.stack(
@@ -91,6 +94,24 @@ def test_conv_and_dilated_conv_against_their_definitions():
         1,
     )
     assert torch.allclose(conv.compress(old), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("rate", [2, 3, 4])
+@pytest.mark.parametrize("compression", ["max", "mean", "conv", "dilated_conv"])
+def test_every_evicted_state_reaches_its_own_slot(compression, rate):
+    """Kernel c, stride c and dilation 2 read only every other state: for even c half of them reached no slot."""
+    loss = "attention" if compression in ("conv", "dilated_conv") else "none"
+    mem = MEMORY.build(compressive(compression=compression, rate=rate, loss=loss), dim=8)
+    old = torch.randn(1, 4 * rate, 8, requires_grad=True)
+    slots = mem.compress(old)  # [1, 4, 8]
+    for j in range(4):
+        (grad,) = torch.autograd.grad(slots[:, j].sum(), old, retain_graph=True)
+        reached = grad.abs().sum(-1)[0] > 0  # [4c]
+        group = torch.zeros(4 * rate, dtype=torch.bool)
+        group[j * rate : (j + 1) * rate] = True
+        assert reached[group].all() if compression != "max" else reached[group].any()
+        lower = (j - (compression == "dilated_conv")) * rate  # dilated: the group before it too
+        assert not reached[: max(lower, 0)].any() and not reached[(j + 1) * rate :].any()
 
 
 def test_most_used_keeps_the_state_that_received_most_attention():
@@ -110,7 +131,7 @@ def test_the_reconstruction_loss_trains_only_the_compression_network(loss):
     model.zero_grad()
     total.backward()
     for n, p in model.named_parameters():
-        learns = ".conv." in n or ".decoder." in n
+        learns = ".conv." in n or ".decoder." in n or ".dilate." in n
         assert (p.grad is not None and p.grad.abs().sum() > 0) == learns, n
 
 
@@ -133,8 +154,32 @@ def test_documents_follow_the_slots():
     st = state[0]
     # 10 states evicted, 5 slots, the newest 4 kept: states (2,3) (4,5) (6,7) (8,9) -> documents of 3, 5, 7, 9
     assert torch.equal(st["cdocs"], torch.tensor([[0, 0, 1, 1]]))
+    emb = model.embed(x)
+    assert torch.allclose(st["ch"][:, 2], emb[:, 7])  # the mixed group (6, 7) keeps only document 1's state
     assert torch.equal(st["docs"], docs[:, 10:])
     assert torch.equal(model.memories[0].read_segments(st), torch.cat((st["cdocs"], st["docs"]), 1))
+
+
+@pytest.mark.parametrize("compression", ["max", "mean", "conv", "dilated_conv", "most_used"])
+def test_a_document_never_sees_the_compressed_states_of_another(compression):
+    """Changing tokens of document 0 leaves every output of document 1 unchanged, although a compressed group
+    straddles the boundary (states 6, 7 at rate 2). Pooling the whole group leaked 0.0117 into document 1."""
+    loss = "attention" if compression in ("conv", "dilated_conv") else "none"
+    model = build_model(pos="rope", layers=2, memory=compressive(compression=compression, loss=loss, rate=2))
+    x = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(0))
+    docs = torch.tensor([[0] * 7 + [1] * 13])
+
+    def doc1_logits(tokens):
+        state, out = model.init_memory(1, tokens.device), []
+        for i in range(0, 20, 4):
+            res = model(tokens[:, i : i + 4], segments=docs[:, i : i + 4], memory=state)
+            state = res.memory
+            out.append(res.logits)
+        return torch.cat(out, 1)[:, 7:]
+
+    changed = x.clone()
+    changed[0, :7] = (changed[0, :7] + 1) % V  # all of document 0
+    assert torch.equal(doc1_logits(x), doc1_logits(changed))
 
 
 def test_parameter_free_compression_with_a_loss_is_refused():

@@ -7,11 +7,18 @@ but compressed, ``c`` consecutive states into one slot, by f_c:
 
     max / mean    pooling with kernel and stride c (no parameters)
     conv          1D convolution with kernel and stride c
-    dilated_conv  1D convolution with kernel c, stride c and dilation 2: each slot also sees the c - 1
-                  states before its group (zero-padded), a receptive field of 2c - 1. The paper names
-                  dilated convolutions without giving the dilation; this is our reading.
+    dilated_conv  a dilated convolution (kernel 2, dilation c: each state with the one c before it, zero
+                  before the first state evicted in the same step) and then ``conv``: a slot sees its
+                  group and the group before it, a receptive field of 2c. The paper names dilated
+                  convolutions without their shape; this is our reading, chosen so that every evicted
+                  state reaches its own slot (kernel c, stride c and dilation 2 skipped every other one).
     most_used     keep, of each group of c, the state that received the most attention while it was in
                   the memory (content attention of the segments' queries, summed over heads and queries)
+
+Documents (packed rows): a slot belongs to the document of its group's last state and is built from that
+document's states only (the others in its group are left out, and so are dilated taps into another
+document). The earlier document's states in such a group are lost, but no later query could see them:
+documents are contiguous in a row, so that document has ended.
 
 Keys/values span [compressed memory | memory | segment], oldest first, positions counted per slot.
 Evicted states are compressed in whole groups of c; a remainder (when the number of states evicted at a
@@ -71,10 +78,11 @@ class CompressiveMemory(Memory):
         super().__init__()
         self.mem_len, self.compressed_len, self.rate = mem_len, compressed_len, rate
         self.compression, self.loss, self.loss_weight = compression, loss, loss_weight
-        self.conv = self.decoder = None
+        self.conv = self.dilate = self.decoder = None
         if compression in LEARNED:
-            dilation = 2 if compression == "dilated_conv" else 1
-            self.conv = nn.Conv1d(dim, dim, kernel_size=rate, stride=rate, dilation=dilation)
+            self.conv = nn.Conv1d(dim, dim, kernel_size=rate, stride=rate)
+            if compression == "dilated_conv":  # weight [D, D, 2]: tap 0 the state c before, tap 1 the state itself
+                self.dilate = nn.Conv1d(dim, dim, kernel_size=2, dilation=rate)
             if loss == "autoencoding":
                 self.decoder = nn.ConvTranspose1d(dim, dim, kernel_size=rate, stride=rate)
 
@@ -142,29 +150,39 @@ class CompressiveMemory(Memory):
         if whole == 0:
             return new, losses
         old = evicted[:, :whole]  # [B, E', D]
-        compressed = self.compress(old, None if ev_usage is None else ev_usage[:, :whole])  # [B, E'/c, D]
+        old_usage, old_docs = (None if t is None else t[:, :whole] for t in (ev_usage, ev_docs))
+        compressed = self.compress(old, old_usage, old_docs)  # [B, E'/c, D]
         if self.training and self.conv is not None and self.loss != "none":
             losses[f"{self.loss}_reconstruction"] = self.loss_weight * self.reconstruction(old, compressed, h, view)
         new["ch"] = fifo(st["ch"], compressed.detach(), self.compressed_len)
-        if ev_docs is not None:
-            slot_docs = ev_docs[:, :whole][:, self.rate - 1 :: self.rate]  # a slot: the document of its last state
+        if old_docs is not None:
+            slot_docs = old_docs[:, self.rate - 1 :: self.rate]  # a slot: the document of its last state
             new["cdocs"] = fifo(st["cdocs"], slot_docs, self.compressed_len)
         return new, losses
 
-    def compress(self, old: Tensor, usage: Tensor | None = None) -> Tensor:
-        """f_c: ``[B, E, D] -> [B, E / c, D]`` (E a multiple of c)."""
+    def compress(self, old: Tensor, usage: Tensor | None = None, docs: Tensor | None = None) -> Tensor:
+        """f_c: ``[B, E, D] -> [B, E / c, D]`` (E a multiple of c); ``docs [B, E]``: each slot takes only the
+        states of its last state's document (the module docstring)."""
         b, e, d = old.shape
-        groups = old.view(b, e // self.rate, self.rate, d)  # [B, E/c, c, D]
-        if self.compression == "max":
-            return groups.amax(dim=2)
-        if self.compression == "mean":
-            return groups.mean(dim=2)
+        c = self.rate
+        if docs is None:
+            docs = old.new_zeros(b, e, dtype=torch.long)
+        keep = docs == docs[:, c - 1 :: c].repeat_interleave(c, dim=1)  # [B, E]: of the slot's document
         if self.compression == "most_used":
-            best = usage.view(b, e // self.rate, self.rate).argmax(dim=-1)  # [B, E/c]
-            return groups.gather(2, best[..., None, None].expand(-1, -1, 1, d)).squeeze(2)
-        x = old.transpose(1, 2)  # [B, D, E]
-        pad = self.conv.dilation[0] * (self.rate - 1) - (self.rate - 1)  # dilated: the states before the group
-        return self.conv(F.pad(x, (pad, 0))).transpose(1, 2)  # [B, E/c, D]
+            best = usage.masked_fill(~keep, float("-inf")).view(b, e // c, c).argmax(dim=-1)  # [B, E/c]
+            return old.view(b, e // c, c, d).gather(2, best[..., None, None].expand(-1, -1, 1, d)).squeeze(2)
+        if self.dilate is not None:  # y_t = W0 x_{t-c} + W1 x_t + b, x_{t-c} only from the same document
+            same = F.pad(docs, (c, 0), value=-1)[:, :e] == docs  # [B, E]; False for t < c
+            before = F.pad(old, (0, 0, c, 0))[:, :e] * same[..., None]  # [B, E, D]
+            w = self.dilate.weight  # [D, D, 2]
+            old = F.linear(before, w[..., 0]) + F.linear(old, w[..., 1], self.dilate.bias)
+        groups = old.view(b, e // c, c, d)  # [B, E/c, c, D]
+        kept = keep.view(b, e // c, c, 1)
+        if self.compression == "max":
+            return groups.masked_fill(~kept, float("-inf")).amax(dim=2)
+        if self.compression == "mean":
+            return (groups * kept).sum(dim=2) / kept.sum(dim=2)  # a group keeps at least its last state
+        return self.conv((old * keep[..., None]).transpose(1, 2)).transpose(1, 2)  # [B, E/c, D]
 
     def reconstruction(self, old: Tensor, compressed: Tensor, h: Tensor, view: LayerView) -> Tensor:
         """The compression network's loss; every input detached, the layer's weights detached (view)."""
