@@ -4,6 +4,7 @@ A new mechanism gets these tests by registering. What it must satisfy, for every
 declares (``causal`` / ``bidirectional``):
 
 * ``[B, H, Sq, Dh]`` out, dtype preserved (fp32 and fp64), gradients reach q, k and v;
+* pure bf16 and fp16 (padded, so general paths run) keep the dtype and stay close to fp32;
 * no causal leak: a future key/value never changes a past output;
 * deterministic in eval mode;
 * parity with ``reference_attention`` on every form of ``AttnMask``, with a score bias when it
@@ -244,3 +245,19 @@ def test_decode_equals_full(name, params, causal, window, kv_heads):
         t += n
     assert t == S
     assert torch.allclose(torch.cat(outs, dim=2), full, atol=TOL)
+
+
+@pytest.mark.parametrize(("name", "params", "causal"), cases())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_keeps_the_dtype_and_the_values(name, params, causal, dtype):
+    """Pure bf16/fp16 (``precision=bf16-true``, ``model.half()``), with padding so that general paths run: the
+    output keeps the dtype and is close to fp32's. A float constant times a bool mask (fp32) once promoted
+    LSH's scores past its bf16 values, and fp16 overflowed its 1e5 self penalty."""
+    form = "causal_left_padding" if causal else "bidirectional_padding"
+    sq, mask = make_mask(form)
+    mech = build(name, params, causal)
+    q, k, v = qkv(sq=sq)
+    want = mech(q, k, v, mask)
+    got = mech.to(dtype)(q.to(dtype), k.to(dtype), v.to(dtype), mask)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, atol=0.1, rtol=0.1)

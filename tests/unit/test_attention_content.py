@@ -598,3 +598,20 @@ def test_sinkhorn_refuses_a_bias_and_too_large_blocks():
         ATTENTION.build({"name": "sinkhorn", "block": 128}, max_len=64, kv_heads=4, head_dim=8)
     with pytest.raises(ConfigError, match="window=128 is larger than model.max_len=64"):
         ATTENTION.build({"name": "routing", "window": 128}, max_len=64, heads=4, head_dim=8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_hashes", [1, 2])
+def test_lsh_general_path_runs_in_half_precision(dtype, causal, n_hashes):
+    """With padding the general path runs: its self penalty (a float times a bool mask) once came out fp32 and
+    met bf16 values in the last matmul; in fp16 the penalty itself, 1e5, overflowed."""
+    m = lsh(n_hashes=n_hashes).float()
+    q, v = torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    pad = torch.ones(2, 16, dtype=torch.bool)
+    pad[1, 12:] = False
+    mask = AttnMask(16, 16, causal=causal, key_padding=pad)
+    want = m(q, q, v, mask)
+    got = m.to(dtype)(q.to(dtype), q.to(dtype), v.to(dtype), mask)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)

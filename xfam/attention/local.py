@@ -56,7 +56,7 @@ class Local(SparseMechanism):
     """Each query attends to a local neighbourhood only.
 
     Args:
-        mode: ``window`` (sliding window of radius ``window``) or ``block`` (Image Transformer
+        mode: ``window`` (sliding window of radius ``window - 1``) or ``block`` (Image Transformer
             query blocks of ``query_block`` positions with ``memory`` preceding positions).
         window: keys less than ``window`` positions away (causal: the query and the
             ``window - 1`` before it).

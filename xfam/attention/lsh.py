@@ -53,6 +53,12 @@ from xfam.registry import Positive, Probability
 SELF_PENALTY = 1e5  # the paper's m_ii: self only when nothing else is visible
 
 
+def _self_penalty(dtype: torch.dtype) -> float:
+    """m_ii in ``dtype``: 1e5, or an eighth of fp16's largest number (8188; 1e5 overflowed to inf), which
+    still puts the query itself above every hidden key (finfo.min / 2) and its exp at 0."""
+    return min(SELF_PENALTY, torch.finfo(dtype).max / 8)
+
+
 def _gather_rows(x: Tensor, idx: Tensor) -> Tensor:
     """``x [B, H, L, D]`` rows at ``idx [B, H, *rest]`` (positions) -> ``[B, H, *rest, D]``."""
     b, h, n, d = x.shape
@@ -149,7 +155,7 @@ class _SortedWindows(torch.autograd.Function):
                 lse[u] = (mx + z.log()).squeeze(-1)
                 torch.bmm(s.div_(z), vw[st].transpose(1, 2), out=out[u])
         if "only" in at:  # the paper's m_ii = -1e5 on a query that sees only itself
-            lse = torch.where(at["only"], lse - SELF_PENALTY, lse)
+            lse = torch.where(at["only"], lse - _self_penalty(lse.dtype), lse)
         ctx.save_for_backward(qs, ks, vs, out, *probs)
         ctx.at, ctx.plan, ctx.grain = at, plan, grain
         shape = (b, h, -1, n)
@@ -283,7 +289,7 @@ def bucket_attention(
             itself = j == i + 2 * m
         add = torch.zeros((), dtype=q.dtype, device=q.device)
         if shared_self:
-            add = add - SELF_PENALTY * itself
+            add = add - itself.to(q.dtype) * _self_penalty(q.dtype)  # (a float times a bool tensor is fp32)
         if rounds > 1:  # N_ij: the rounds that visit the pair
             count = sum(visits(r, q_pos, k_pos).to(torch.uint8) for r in range(rounds))
             add = add - torch.log(torch.arange(rounds + 1, device=q.device, dtype=q.dtype).clamp_min(1))[count.long()]

@@ -197,8 +197,8 @@ class Routing(AttentionMechanism):
     def members(self, x: Tensor, keep: Tensor | None = None) -> Tensor:
         """Balanced assignment: the ``window`` positions nearest each centroid, ascending,
         ``[B, H, C, window]`` (padded positions, ``keep`` False, are never preferred)."""
-        mu = self.centroids.to(x.dtype)
-        dist = torch.cdist(x.detach(), mu[None].expand(x.shape[0], -1, -1, -1))  # [B, H, L, C]
+        mu = self.centroids.float()  # (fp32: CPU cdist has no bf16/fp16 kernel)
+        dist = torch.cdist(x.detach().float(), mu[None].expand(x.shape[0], -1, -1, -1))  # [B, H, L, C]
         if keep is not None:
             dist = dist.masked_fill(~keep[:, None, :, None], float("inf"))
         return dist.topk(min(self.window, x.shape[2]), dim=2, largest=False).indices.transpose(-1, -2).sort(-1).values

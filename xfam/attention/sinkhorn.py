@@ -196,7 +196,8 @@ class Sinkhorn(AttentionMechanism):
         kw = F.pad(keep, (0, n * b - s_k)).view(bsz, 1, n, b)  # [B, 1, nB, b]: unpadded keys
         den = torch.einsum("bhij,bhjt->bhit", s, kw.expand(-1, hkv, -1, -1))  # [B, Hkv, nB, b]
         mix = lambda x: torch.einsum("bhij,bhjtd->bhitd", s, self._blocks(x, n) * kw[..., None])  # noqa: E731
-        ks, vs = (mix(x) / den.clamp_min(1e-30)[..., None] for x in (k, v))  # sorted blocks [B, Hkv, nB, b, Dh]
+        tiny = torch.finfo(den.dtype).tiny  # (1e-30 is 0 in fp16: an empty slot's 0 / 0 was NaN)
+        ks, vs = (mix(x) / den.clamp_min(tiny)[..., None] for x in (k, v))  # sorted blocks [B, Hkv, nB, b, Dh]
         ks, vs = ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1)  # [B, H, nB, b, Dh]
         q_pos = torch.arange(n * b, device=q.device).view(n, b)  # query slots, key coordinates
         real_q = ((q_pos >= off) & (q_pos < s_k))[..., None]  # [nB, b, 1]

@@ -12,7 +12,8 @@ Block path, O(Sq * (K * block + G)) time and memory, no Sq x Sk matrix:
     all keys (there are few of them).
 
 Dense reference: explicit ``Sq x Sk`` scores with the pattern's rule as a mask (for tests and as
-the ground truth). A query that may see no key at all outputs zeros on both paths.
+the ground truth). A query that may see no key at all attends to itself on both paths (the
+``AttnMask`` convention).
 """
 
 from __future__ import annotations
