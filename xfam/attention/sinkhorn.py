@@ -174,6 +174,11 @@ class Sinkhorn(AttentionMechanism):
             full = torch.cat((seg, last), 1).view(seg.shape[0], n, b)  # a partial block: its existing keys
             lo, hi, first = full.amin(-1), full.amax(-1), blocks[:, :, 0]
             ok = ok & ((lo == hi)[:, None, :] & (hi[:, None, :] == first[:, :, None]))[:, None]
+        if mask.key_padding is not None:  # blocks of padding only stay out of the balancing, rows and columns:
+            # otherwise they take mass from the real blocks, and a row's output depends on its batch's width
+            pad = F.pad(mask.key_padding.to(device), (0, n * b - mask.k_len))
+            real = pad.view(pad.shape[0], n, b).any(-1)  # [B, nB]
+            ok = ok & (real[:, None, :, None] & real[:, None, None, :])
         return ok
 
     def forward(
