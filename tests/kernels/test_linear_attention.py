@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import xfam.kernels.linear_attention as module
-from xfam.attention.linear import causal_sums
+from xfam.attention.linear import _stabiliser, causal_sums
 from xfam.kernels import runtime
 from xfam.kernels.linear_attention import causal_linear_attention, causal_linear_attention_reference
 
@@ -200,8 +200,8 @@ def _causal_sums_case(kernel: bool) -> None:
     want = [num, den, new["s"], new["z"]]
     # the same inputs in the kernel's terms: xfam's stabiliser as a decay and key scales, documents as resets
     lsd = torch.where(keep[:, None], ls, ls.amin(-1, keepdim=True)).detach()
-    big = torch.cummax(torch.maximum(lsd, state["m"][..., None]), -1).values  # [B, H, T]
-    log_decay = torch.cat((state["m"][..., None], big[..., :-1]), -1) - big + ld
+    big, la, _ = _stabiliser(lsd, keep, doc, doc0, state["m"])  # [B, H, T]: per document, padding left out
+    log_decay = la + ld
     start = doc != torch.cat((doc0[:, None], doc[:, :-1]), 1)  # [B, T]: a document starts here
     log_decay = log_decay.masked_fill(start[:, None], INF)
     key_logscale = (ls - big).masked_fill(~keep[:, None], INF)

@@ -519,3 +519,49 @@ def test_rope_rotates_q_and_k_before_the_feature_map(task):
     unrotated = build_model(attention={"name": name, "features": "exact"}, pos="none", task=task)
     unrotated.load_state_dict(vanilla.state_dict(), strict=False)
     assert not torch.allclose(unrotated(x).logits, vanilla(x).logits, atol=1e-3)  # the rotation is in the path
+
+
+# -- stabiliser across documents and padding -------------------------------------------------------
+
+
+def _far_apart_keys(s: int, small: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v ``[1, 1, S, 8]`` whose first ``small`` keys have norm 0.1 and the rest norm 35: key log-scales
+    about -2.6 and -150, whose difference exp underflows in fp32."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, s, 8, generator=g) for _ in range(3))
+    norms = torch.tensor([0.1] * small + [35.0] * (s - small)).view(1, 1, s, 1)
+    return q, torch.nn.functional.normalize(k, dim=-1) * norms, v
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_packed_document_is_not_lost_under_an_earlier_ones_scale(causal):
+    """The running max of the key scales restarts at every document: a document of small keys in front once set
+    the max, and a later document's keys (scale about exp(-150) below it) underflowed to 0 in fp32 (errors up to
+    3.7 against the quadratic path)."""
+    torch.manual_seed(0)
+    struct = dict(dim=8, heads=1, kv_heads=1, head_dim=8, max_len=8, causal=causal, num_layers=1, layer=0)
+    chunked = ATTENTION.build({"name": "performer", "chunk": 4, "backend": "chunked"}, **struct).eval()
+    q, k, v = _far_apart_keys(8, 3)
+    packed = chunked(q, k, v, AttnMask(q_len=8, k_len=8, causal=causal, segments=torch.tensor([[0] * 3 + [1] * 5])))
+    alone = chunked(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], AttnMask(q_len=5, k_len=5, causal=causal))
+    torch.testing.assert_close(packed[:, :, 3:], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_decoding_after_a_padded_first_token_equals_the_full_pass():
+    """A decode call whose only key is padding no longer sets the running max (its own scale was taken as the
+    max, and the real keys after it underflowed: decode differed from the full pass by 2.46)."""
+    torch.manual_seed(0)
+    struct = dict(dim=16, heads=2, kv_heads=2, head_dim=8, max_len=6, causal=True, num_layers=1, layer=0)
+    mech = ATTENTION.build({"name": "performer", "chunk": 4}, **struct).eval()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    k = k * 10
+    k[:, :, 0] = 0.0  # the left pad's key
+    pad = torch.tensor([[False] + [True] * 5])
+    full = mech(q, k, v, AttnMask(q_len=6, k_len=6, causal=True, key_padding=pad))
+    state, outs = None, []
+    for t in range(6):
+        mask = AttnMask(q_len=1, k_len=t + 1, causal=True, key_padding=pad[:, : t + 1])
+        out, state = mech.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, mask)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 2)[:, :, 1:], full[:, :, 1:], atol=1e-5, rtol=1e-5)

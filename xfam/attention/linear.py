@@ -200,16 +200,12 @@ def causal_sums(
     """
     b, h, t, m = fk.shape
     sq, dv, c = fq.shape[2], v.shape[-1], min(chunk, t)  # a chunk longer than T is one chunk
-    if keep is not None:  # padding never raises the stabiliser (and never overflows)
+    if keep is not None:  # a padded key's own scale is never used (lk below): keep it finite
         ls = torch.where(keep[:, None], ls, ls.detach().amin(-1, keepdim=True))
-    lsd = ls.detach()
-    prev = state["m"] if state is not None else None  # [B, H]
     if stabilise:
-        big = torch.cummax(lsd if prev is None else torch.maximum(lsd, prev[..., None]), -1).values
-        first = big[..., :1] if prev is None else prev[..., None]
-        la = torch.cat((first, big[..., :-1]), -1) - big  # [B, H, T], <= 0
+        big, la, m_last = _stabiliser(ls.detach(), keep, doc, doc0, state["m"] if state is not None else None)
     else:
-        big, la = torch.zeros_like(lsd), torch.zeros_like(lsd)
+        big, la, m_last = torch.zeros_like(ls), torch.zeros_like(ls), None
     if ld is not None:
         la = la + ld
     lk = ls - big  # [B, H, T]: log of key t's scale relative to the running max, <= 0
@@ -217,7 +213,7 @@ def causal_sums(
         lk = lk.masked_fill(~keep[:, None], float("-inf"))  # a padded key weighs 0
     v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1)  # [B, H, T, Dh + 1]: the last column gives z
     if kernel:
-        return _kernel_sums(fq, fk, v1, la, lk, doc, doc0, state, chunk, big[..., -1])
+        return _kernel_sums(fq, fk, v1, la, lk, doc, doc0, state, chunk, m_last)
     n = -(-t // c)
     pad = n * c - t
     qf = F.pad(fq, (0, 0, t - sq, pad)) if pad or t != sq else fq  # queries aligned with their keys
@@ -240,7 +236,45 @@ def causal_sums(
     s0 = None if state is None else torch.cat((state["s"], state["z"][..., None]), -1)
     out, s = ChunkedPrefix.apply(qc, kc, vc, torch.exp(e), wk, carry.expand(b, h, n), qa.expand(b, h, n, c), s0)
     out = out.view(b, h, n * c, dv + 1)[:, :, t - sq : t]
-    return out[..., :dv], out[..., dv], {"s": s[..., :dv], "z": s[..., dv], "m": big[..., -1]}
+    return out[..., :dv], out[..., dv], {"s": s[..., :dv], "z": s[..., dv], "m": m_last}
+
+
+def _stabiliser(
+    lsd: Tensor, keep: Tensor | None, doc: Tensor | None, doc0: Tensor | None, prev: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The running max M_t of the real keys' log-scales ``lsd [B, H, T]`` within each document (continuing the
+    state's ``prev [B, H]`` where its document ``doc0`` goes on), as ``big [B, H, T]``; the log-decays
+    ``la = M_{t-1} - M_t <= 0`` that rescale the running sums; and M after the last key (-inf: no real key
+    yet), the state's next ``prev``. Restarting per document keeps a packed document's keys from underflowing
+    under an earlier document's larger scale (fp32: exp below -104 is 0); padded keys never count. Where a
+    document has no real key yet, M is the smallest real scale at hand (a key that follows only shrinks the
+    sums), and a document start's la is clamped to 0 (the masks drop what crosses it)."""
+    run = lsd if keep is None else lsd.masked_fill(~keep[:, None], float("-inf"))
+    if prev is not None:  # the state: one key in front, in the document of its last key
+        run = torch.cat((prev[..., None], run), -1)
+        if doc is not None:
+            doc = torch.cat(((doc0 if doc0 is not None else doc[:, 0])[:, None], doc), -1)
+    raw = _doc_cummax(run, doc)  # [B, H, (1 +) T]
+    floor = run.masked_fill(~run.isfinite(), float("inf")).amin(-1, keepdim=True)
+    filled = torch.where(raw.isfinite(), raw, torch.where(floor.isfinite(), floor, 0.0))
+    big = filled[..., -lsd.shape[-1] :]
+    first = filled[..., :1]  # the state's M, or the first key's own
+    la = (torch.cat((first, big[..., :-1]), -1) - big).clamp_max(0.0)  # [B, H, T]
+    return big, la, raw[..., -1]
+
+
+def _doc_cummax(x: Tensor, doc: Tensor | None) -> Tensor:
+    """Running max of ``x [B, H, T]`` along T, restarting where ``doc [B, T]`` changes (documents are
+    contiguous runs): log2(T) rounds of max with the entry 2^r before, where both share a document."""
+    if doc is None:
+        return torch.cummax(x, -1).values
+    step, t = 1, x.shape[-1]
+    while step < t:
+        same = (doc[:, step:] == doc[:, :-step])[:, None]  # [B, 1, T - step]
+        later = x[..., step:]
+        x = torch.cat((x[..., :step], torch.where(same, torch.maximum(later, x[..., :-step]), later)), -1)
+        step *= 2
+    return x
 
 
 def _kernel_sums(
@@ -290,7 +324,7 @@ def bidirectional_sums(
     """
     if keep is not None:  # padding never raises the stabiliser (and never overflows)
         ls = torch.where(keep[:, None], ls, ls.detach().amin(-1, keepdim=True))
-    ls = ls - ls.detach().amax(-1, keepdim=True)  # [B, H, T], <= 0
+    ls = ls - _doc_max(ls.detach(), doc)  # [B, H, T], <= 0
     e = torch.exp(ls) if keep is None else torch.exp(ls) * keep[:, None]
     if doc is None and ld is None:
         v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), -1) * e[..., None]  # [B, H, T, Dh + 1]
@@ -307,6 +341,16 @@ def bidirectional_sums(
     num = fwd[0] + bwd[0].flip(2) - self_w[..., None] * v
     den = fwd[1] + bwd[1].flip(2) - self_w
     return num[:, :, off:], den[:, :, off:]
+
+
+def _doc_max(x: Tensor, doc: Tensor | None) -> Tensor:
+    """The max of ``x [B, H, T]`` over each key's document (``doc [B, T]`` contiguous runs; None: the row),
+    ``[B, H, T | 1]``: one document's large scales never underflow another's keys."""
+    if doc is None:
+        return x.amax(-1, keepdim=True)
+    rank = F.pad((doc[:, 1:] != doc[:, :-1]).long().cumsum(-1), (1, 0))[:, None].expand_as(x)  # [B, H, T]: 0, 1..
+    top = x.new_full(x.shape, float("-inf")).scatter_reduce(-1, rank, x, "amax")  # [B, H, T]: per rank
+    return top.gather(-1, rank)
 
 
 def quadratic(
