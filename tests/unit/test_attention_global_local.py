@@ -437,3 +437,22 @@ def test_model_decoding_equals_full_recompute(name) -> None:
     model = build_model(attention={"name": name, **params}, pos="alibi", layers=2, max_len=32)
     x = torch.randint(0, 13, (2, 26))
     assert torch.allclose(decode_logits(model, x, prompt=6, step=3), model(x).logits, atol=1e-5)
+
+
+def test_bigbird_global_blocks_with_memory_are_refused():
+    """With memory in front, the first key blocks are the oldest memory slots, not the segment's tokens
+    (as Longformer's global_tokens); without global blocks, or without memory, BigBird is accepted."""
+
+    def sel(memory="xl", global_blocks=2):
+        return Selection(
+            attention=[(ATTENTION.get("bigbird"), {"global_blocks": global_blocks}, False)],
+            pos=(POS.get("rope"), {}),
+            memory=[(MEMORY.get(memory), {})] * 2,
+            exit=(EXIT.get("none"), {}),
+            causal=True,
+            streams=memory != "none",
+        )
+
+    assert any("attention.global_blocks=0, or memory=none" in p for p in compat.check(sel()))
+    assert compat.check(sel(global_blocks=0)) == []
+    assert compat.check(sel(memory="none")) == []

@@ -172,6 +172,16 @@ class BigBird(SparseMechanism):
         return super().forward(q, k, v, mask, bias, modifier)
 
     @classmethod
+    def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        if params.get("global_blocks", 2) and selection.has_memory:
+            return [
+                "attention=bigbird: global_blocks are the first blocks of the keys, and with memory in front of each "
+                "segment they would be the oldest memory slots (the segment's own tokens never global). Fix: "
+                "attention.global_blocks=0, or memory=none."
+            ]
+        return []
+
+    @classmethod
     def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
         out, max_len = [], ctx.get("max_len")
         b, w, g, r = params["block"], params["window_blocks"], params["global_blocks"], params["random_blocks"]

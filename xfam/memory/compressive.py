@@ -14,6 +14,11 @@ but compressed, ``c`` consecutive states into one slot, by f_c:
                   state reaches its own slot (kernel c, stride c and dilation 2 skipped every other one).
     most_used     keep, of each group of c, the state that received the most attention while it was in
                   the memory (content attention of the segments' queries, summed over heads and queries)
+                  The paper sorts the memories by average attention and keeps the most used. Our
+                  reading differs in three documented ways: the choice is per group of c (so the slots
+                  stay in time order), usage is a sum over the segments a state stayed (states of one
+                  group stay equally long when mem_len is a multiple of the segment length), and it is
+                  a softmax over the uncompressed memory alone, without positions.
 
 Documents (packed rows): a slot belongs to the document of its group's last state and is built from that
 document's states only (the others in its group are left out, and so are dilated taps into another
