@@ -7,6 +7,8 @@ arXiv:1904.10509, sec. 4.2, Fig. 3c), with block length ``l`` and ``c`` summary 
 Causal (the paper's autoregressive case): both intersected with ``j <= i``. Bidirectional: exactly
 the definitions above without the causal cut (A(1) the whole block, A(2) the summary positions of
 every block, before and after i). The paper chose ``c in {8, 16, 32}`` for ``l in {128, 256}``.
+Every head uses the same summary positions; the paper found distinct sub-blocks of length c per head
+preferable (sec. 4.2), which this pattern does not offer.
 
 A head uses ``A(1)``, ``A(2)`` or their union (``part``); see ``xfam.attention.factorized`` for the
 three ways to use them in a model and for the paths. The factorised path computes A(1)

@@ -16,6 +16,10 @@ Output ``[B, H, Sq, Dh] = softmax(q k^T / sqrt(Dh) + bias over the allowed keys)
 O(Sq (w d + |G|) + |G| Sk) through the block engine (a banded window, global rows and columns apart),
 never an Sq x Sk matrix. ``window: null`` removes the window (dense attention: the degenerate limit).
 
+Not here: sec. 3.1's second set of projections (Q_g, K_g, V_g) for the global attention, initialised
+as copies of the window's. A mechanism receives the projected q, k, v (the model owns projections,
+DESIGN.md section 4), so global rows and columns reuse the window's projections; the pattern is exact.
+
 Per-layer windows (sec. 4.1 grows w with depth) use the shared ``per_layer`` schedule::
 
     attention: {name: longformer, window: 512, per_layer: {"0-3": {window: 128}, "4-7": {window: 256}}}
