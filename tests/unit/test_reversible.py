@@ -33,19 +33,24 @@ def two_stream_reference(model, tokens: torch.Tensor) -> torch.Tensor:
     return model.head_logits((a + b) / 2)
 
 
-@pytest.mark.parametrize("pos", ["none", "rope", "alibi", "learned"])
+@pytest.mark.parametrize("pos", ["none", "rope", "alibi", "learned", "t5", "dynamic"])
 @pytest.mark.parametrize("ffn_chunks", [1, 3])
 def test_gradients_equal_ordinary_autograd(pos: str, ffn_chunks: int) -> None:
+    """Also for learned score biases (T5's table, the dynamic MLP: a bias cached in the no-grad forward once left
+    them without gradients), and the RNG goes on as after an ordinary step (the backward's dropout replays once
+    left it rewound, so the next step's masks repeated this one's)."""
     model = build_model(pos=pos, reversible=True, ffn_chunks=ffn_chunks, dropout=0.1, layers=3).train()
     tokens = torch.randint(0, 13, (2, 12))
     torch.manual_seed(7)
     model(tokens).logits.pow(2).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    rng = torch.get_rng_state()
     model.zero_grad()
     torch.manual_seed(7)  # the same dropout masks
     two_stream_reference(model, tokens).pow(2).sum().backward()
     for name, p in model.named_parameters():
         assert torch.allclose(grads[name], p.grad, atol=1e-5), name
+    assert torch.equal(rng, torch.get_rng_state())
 
 
 def test_cached_decoding_equals_full_recompute() -> None:

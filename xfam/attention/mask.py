@@ -133,3 +133,9 @@ class AttnMask:
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
+
+    def forget(self) -> None:
+        """Drop that cache. The reversible stack's backward recomputes one layer at a time with gradients: a
+        learned bias cached in its no-grad forward (or with a graph an earlier layer's backward freed) must be
+        built again, or the bias (T5's table, the dynamic MLP) gets no gradient."""
+        self._memo.clear()

@@ -14,7 +14,8 @@ chunked feed-forward), so its hidden activations never exist for the whole seque
 One autograd Function spans the whole stack and saves only its output; its backward walks the
 blocks from the top, reconstructing each block's input from its output and re-running the two
 functions under autograd for their gradients. Dropout draws the same masks in the recomputation
-(the RNG state before each function is saved and restored).
+(the RNG state before each function is saved and restored, and the state after the forward is put
+back at the end of the backward).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class _ReversibleStack(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (out,) = ctx.saved_tensors
+        after = _rng_state(grad.device)  # the RNG goes on from here once the replays below are done
         y1, y2 = (t.detach() for t in out.chunk(2, dim=-1))
         dy1, dy2 = grad.chunk(2, dim=-1)
         for blk, (s_f, s_g) in zip(reversed(ctx.blocks), reversed(ctx.states), strict=True):
@@ -87,6 +89,7 @@ class _ReversibleStack(torch.autograd.Function):
                 dx1 = dy1 + y1.grad
             with torch.enable_grad():  # f: recover x1, push dx1 through f into x2 and f's weights
                 x2.requires_grad_()
+                blk.ctx.mask.forget()  # the bias again, with a graph to its parameters
                 _set_rng_state(s_f, x2.device)
                 f_x2 = blk.f(x2)[0]
                 torch.autograd.backward(f_x2, dx1)
@@ -94,6 +97,7 @@ class _ReversibleStack(torch.autograd.Function):
                 x1 = y1 - f_x2
                 dx2 = dy2 + x2.grad
             y1, y2, dy1, dy2 = x1.detach(), x2.detach(), dx1, dx2
+        _set_rng_state(after, grad.device)  # else the next step's dropout masks repeat this step's
         return (torch.cat((dy1, dy2), dim=-1), None, *([None] * (len(ctx.needs_input_grad) - 2)))
 
 
