@@ -62,9 +62,10 @@ class OptimSpec:
         name: the optimiser (``adamw``).
         lr: peak learning rate.
         betas, eps: Adam moments.
-        weight_decay: decoupled decay, applied to weight matrices only (not to biases, norms or,
-            unless ``decay_embeddings``, embeddings and position tables).
-        warmup_steps: linear warmup from 0 to ``lr``.
+        weight_decay: decoupled decay, applied to the weight matrices of linear maps only (not to
+            biases, norms, relative-position tables, persistent memory or, unless ``decay_embeddings``,
+            embedding tables; ``xfam.lit.optim.param_groups``).
+        warmup_steps: linear warmup to ``lr``: step s (0-based) takes (s + 1) / (warmup_steps + 1) of it.
         schedule: after warmup, ``cosine`` to ``min_lr_ratio * lr`` at ``trainer.max_steps``,
             ``linear`` to the same floor, or ``constant``.
     """

@@ -26,6 +26,34 @@ def test_only_weight_matrices_decay() -> None:
     assert id(model.embed.weight) in {id(p) for p in with_emb["params"]}
 
 
+def test_tables_bias_vectors_and_memory_vectors_never_decay() -> None:
+    """The rule is the kind of parameter, not its number of dimensions: T5's and Shaw's position tables, XL's u
+    and v, DA's per-head scalars and persistent memory vectors are 2-D or more and were decayed; XL's W_R and the
+    other components' declared matrices (``decay_params``) are weights and decay."""
+    spec = OptimSpec()
+    for pos, kept, decayed in (
+        ("t5", ["pos.bias.table"], []),
+        ("shaw", ["pos.keys", "pos.values"], []),
+        ("xl", ["pos.u", "pos.v"], ["pos.w_r"]),
+        ("da", ["pos.alpha", "pos.beta"], []),
+    ):
+        model = build_model(pos=pos, num_mem_kv=2)
+        names = {id(p): n for n, p in model.named_parameters()}
+        decay = {names[id(p)] for p in param_groups(model, spec)[0]["params"]}
+        assert not decay & {*kept, "blocks.0.attn.persistent_k", "blocks.0.attn.persistent_v"}, pos
+        assert set(decayed) <= decay and "blocks.0.attn.qkv.weight" in decay, pos
+    for cfg, task, matrix in (
+        ({"name": "sinkhorn"}, "lm", "w_p"),
+        ({"name": "rfa", "gate": True}, "lm", "gate_w"),
+        ({"name": "linformer", "k": 16}, "classify", "proj_k.weight"),
+    ):
+        model = build_model(attention=cfg, max_len=128, task=task)
+        attention, decayed_ids = cfg["name"], {id(q) for q in param_groups(model, spec)[0]["params"]}
+        decay = {n for n, p in model.named_parameters() if id(p) in decayed_ids}
+        assert any(n.endswith(matrix) for n in decay), attention
+        assert not any(n.endswith(("b_p", "b_b", "gate_b")) for n in decay), attention
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
 def test_warmup_then_schedule(schedule: str) -> None:
     spec = OptimSpec(warmup_steps=10, schedule=schedule, min_lr_ratio=0.1)

@@ -172,6 +172,8 @@ class AdaptiveSpan(AttentionMechanism):
         dropout: dropout on the attention probabilities.
     """
 
+    decay_params = ("span_proj",)  # the dynamic span's weights (xfam.lit.optim)
+
     paper = "Sukhbaatar et al., 2019, arXiv:1905.07799"
 
     aux_loss = True

@@ -48,6 +48,8 @@ class SeqProjection(nn.Module):
     by heads) or Hkv.
     """
 
+    decay_params = ("weight",)  # the projection matrix decays like a Linear weight (xfam.lit.optim.param_groups)
+
     def __init__(self, kind: str, k: int, max_len: int, heads: int, head_dim: int, init: str):
         super().__init__()
         self.kind, self.k, self.max_len = kind, k, max_len

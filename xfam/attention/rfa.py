@@ -89,6 +89,8 @@ class RFA(KernelAttention):
         backend: ``auto`` | ``chunked`` | ``quadratic`` | ``triton`` (see ``performer``).
     """
 
+    decay_params = ("gate_w",)  # the gate's weights, not its bias (xfam.lit.optim)
+
     paper = "Peng et al., ICLR 2021, arXiv:2103.02143"
 
     def __init__(

@@ -80,6 +80,8 @@ class Sinkhorn(AttentionMechanism):
         dropout: dropout on the attention probabilities.
     """
 
+    decay_params = ("w_p", "w_b")  # the sorting network's matrices decay, its biases not (xfam.lit.optim)
+
     paper = "Tay et al., 2020, arXiv:2002.11296"
     accepts_bias = False
     accepts_memory = False

@@ -9,18 +9,28 @@ from torch import nn
 
 from xfam.specs import OptimSpec
 
+LINEAR_MAPS = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
+
 
 def param_groups(model: nn.Module, spec: OptimSpec) -> list[dict]:
-    """Weight matrices decay; biases, norm gains and (unless ``decay_embeddings``) embedding and
-    position tables do not, as in GPT-2/minGPT: decaying them only shrinks rarely-seen rows."""
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    """Weight matrices of linear maps decay: ``weight`` of ``nn.Linear`` and the convolutions, and the matrices a
+    component names in its ``decay_params`` (Linformer's length projections, Sinkhorn's sorting network, XL's
+    W_R). Nothing else does, as in GPT-2/minGPT: biases and bias vectors (XL's u, v), norm gains, per-head
+    scalars, relative-position tables (T5, Shaw), persistent memory vectors and, unless ``decay_embeddings``,
+    ``nn.Embedding`` tables (tokens, learned positions, memory tokens). Decaying those only shrinks them
+    towards zero, which for a table means its rarely-seen rows."""
+    decayed: set[int] = set()
+    for m in model.modules():
+        names = ("weight",) if isinstance(m, LINEAR_MAPS) else getattr(m, "decay_params", ())
+        decayed.update(id(p) for n, p in m.named_parameters(recurse=False) if n in names)
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}  # a tied head is a table too
+    decayed = decayed | tables if spec.decay_embeddings else decayed - tables
     decay, no_decay, seen = [], [], set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        is_table = id(p) in embeddings and not spec.decay_embeddings
-        (decay if p.ndim >= 2 and not is_table else no_decay).append(p)
+        (decay if id(p) in decayed else no_decay).append(p)
     return [
         {"params": decay, "weight_decay": spec.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

@@ -48,6 +48,8 @@ class XLModifier(ScoreModifier):
 class XL(PositionalEncoding):
     """Transformer-XL relative attention: sinusoidal R_{i-j}, per-layer W_R, content and position biases u, v."""
 
+    decay_params = ("w_r",)  # W_R decays like a Linear weight (u, v are biases) (xfam.lit.optim.param_groups)
+
     paper = "Dai et al., ACL 2019, arXiv:1901.02860 (Transformer-XL)"
 
     kind = "modifier"
