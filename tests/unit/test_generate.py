@@ -57,3 +57,12 @@ def test_classifier_and_empty_prompt_are_refused() -> None:
         generate(build_model(task="classify", num_classes=3), torch.zeros(1, 3, dtype=torch.long), 2)
     with pytest.raises(ConfigError, match="at least one token"):
         generate(build_model(), torch.zeros(1, 0, dtype=torch.long), 2)
+
+
+def test_sampling_settings_out_of_range_are_one_error() -> None:
+    """top_p <= 0 kept no token at all (NaN probabilities, a failure inside torch.multinomial)."""
+    model, prompt = build_model(), torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ConfigError, match=r"temperature=-1.*top_k=-2.*top_p=0 \(valid: 0 < top_p <= 1"):
+        generate(model, prompt, 2, temperature=-1, top_k=-2, top_p=0)
+    with pytest.raises(ConfigError, match=r"top_p=1.5"):
+        generate(model, prompt, 2, top_p=1.5)
