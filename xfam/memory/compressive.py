@@ -13,7 +13,7 @@ but compressed, ``c`` consecutive states into one slot, by f_c:
                   convolutions without their shape; this is our reading, chosen so that every evicted
                   state reaches its own slot (kernel c, stride c and dilation 2 skipped every other one).
     most_used     keep, of each group of c, the state that received the most attention while it was in
-                  the memory (content attention of the segments' queries, summed over heads and queries)
+                  the memory (content attention of the segments' queries, summed over heads and queries).
                   The paper sorts the memories by average attention and keeps the most used. Our
                   reading differs in three documented ways: the choice is per group of c (so the slots
                   stay in time order), usage is a sum over the segments a state stayed (states of one
