@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from xfam.data.sampler import ResumableBatchSampler
 
@@ -51,3 +52,35 @@ def test_streams_continue_row_by_row() -> None:
     for t in range(1, len(batches)):
         assert [i - 1 for i in batches[t]] == batches[t - 1]  # row i of batch t continues row i of t-1
     assert epoch(s, 1) == batches
+
+
+def test_lightning_gives_every_epoch_its_own_order() -> None:
+    """A real fit over 3 epochs: Lightning reaches ``set_epoch`` through ``batch_sampler.sampler``. Before, the
+    epoch stayed 0 and all three epochs had the same batches (and the same rows never trained)."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    seen: list[list[int]] = []
+
+    class Record(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            seen.append(batch.tolist())
+            return self.w * 0 + batch.float().mean() * self.w
+
+        def configure_optimizers(self):  # noqa: ANN201
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    sampler = ResumableBatchSampler(10, 3, seed=1)
+    loader = DataLoader(torch.arange(10), batch_sampler=sampler)
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=3, use_distributed_sampler=False, **quiet)
+    trainer.fit(Record(), loader)
+    epochs = [sum(seen[i : i + 3], []) for i in range(0, 9, 3)]  # 3 batches of 3 per epoch
+    assert sampler.epoch == 2 and len({tuple(e) for e in epochs}) == 3
+    for e, rows in enumerate(epochs):
+        sampler.set_epoch(e)
+        assert rows == sum(list(sampler), [])  # the order of (seed, epoch)

@@ -52,8 +52,15 @@ class ResumableBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def sampler(self) -> ResumableBatchSampler:
+        """Itself. Lightning calls ``set_epoch`` on ``dataloader.sampler`` and ``dataloader.batch_sampler.sampler``,
+        never on the batch sampler: without this the epoch stayed 0, every epoch had the first one's order, and
+        the rows left over from its last full batch were never trained on."""
+        return self
+
     def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning at the start of every epoch."""
+        """Called by Lightning at the start of every epoch (through ``sampler``), a resumed one included."""
         self.epoch = epoch
 
     def skip(self, batches: int) -> None:
