@@ -113,6 +113,10 @@ def test_bad_paths_and_options(tmp_path, saved):
     assert "not an existing folder" in DATA.check({"name": "hf", "path": str(tmp_path / "nope")}, {})[0]
     msg = DATA.check({"name": "hf", "path": str(saved["dict"]), "doc_mask": True}, {})[0]
     assert "join=eos" in msg and "Fix:" in msg
+    (msg,) = DATA.check({"name": "hf", "path": str(saved["dict"]), "validation_split": "train"}, {})
+    assert "validation_split='train' is also train_split" in msg and "data.validation_split=null" in msg
+    (msg,) = DATA.check({"name": "hf", "path": str(saved["dict"]), "test_split": "validation"}, {})
+    assert "test_split='validation' is also validation_split" in msg
 
 
 def test_hub_id_offline_fails_fast_with_a_fix(monkeypatch):

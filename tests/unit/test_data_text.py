@@ -72,6 +72,17 @@ def test_discover_skips_hidden_empty_and_other_suffixes(corpus):
     assert all(k.startswith(f"{corpus.name}/doc") or k.startswith(f"{corpus.name}/sub/doc") for k in keys)
 
 
+def test_overlapping_paths_are_one_error(corpus):
+    """A folder and a folder inside it reach the same files under two keys; the split hash, taken on the key,
+    put 14 of 20 such files in two splits (train/test leakage)."""
+    sub = sorted(p for p in corpus.iterdir() if p.is_dir() and not p.name.startswith("."))[0]
+    for paths in ([str(corpus), str(sub)], [str(corpus), str(corpus)]):
+        _, problems = discover(paths, [".txt"])
+        (msg,) = problems
+        assert "reach the same file twice" in msg and "Fix: name each file once" in msg
+    assert discover([str(sub)], [".txt"])[1] == []
+
+
 def test_default_corpus_is_the_stdlib_without_site_packages():
     files, problems = discover(None, [".py"])
     keys = [k for k, _ in files]

@@ -87,6 +87,18 @@ def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple
                     f"data.extensions to the suffixes of your text files, e.g. extensions=['{top}']."
                 )
             docs += [(f"{path.name}/{p.relative_to(path).as_posix()}", p) for p in files]
+    first: dict[Path, str] = {}  # resolved file -> its first key
+    twice = []
+    for key, p in docs:
+        if p.resolve() in first:
+            twice.append((first[p.resolve()], key))
+        first.setdefault(p.resolve(), key)
+    if twice:  # one file under two keys: read twice, and the split hash could put it in two splits
+        (a, b), more = twice[0], f" and {len(twice) - 1} more" if len(twice) > 1 else ""
+        problems.append(
+            f"data.paths reach the same file twice: {a} is also {b}{more} (a folder and a folder or file inside "
+            "it?). It would be read twice and could land in two splits. Fix: name each file once in data.paths."
+        )
     return docs, problems
 
 
