@@ -252,8 +252,8 @@ def test_decode_equals_full(name, params, causal, window, kv_heads):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_keeps_the_dtype_and_the_values(name, params, causal, dtype):
     """Pure bf16/fp16 (``precision=bf16-true``, ``model.half()``), with padding so that general paths run: the
-    output keeps the dtype and is close to fp32's. A float constant times a bool mask (fp32) once promoted
-    LSH's scores past its bf16 values, and fp16 overflowed its 1e5 self penalty."""
+    output keeps the dtype and is close to fp32's. It found routing's fp32-only CPU ``cdist`` and Sinkhorn's
+    0 / 0 in fp16 (LSH's general path, which its degenerate limit here does not reach, has its own test)."""
     form = "causal_left_padding" if causal else "bidirectional_padding"
     sq, mask = make_mask(form)
     mech = build(name, params, causal)
