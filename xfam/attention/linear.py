@@ -200,9 +200,7 @@ def causal_sums(
     """
     b, h, t, m = fk.shape
     sq, dv, c = fq.shape[2], v.shape[-1], min(chunk, t)  # a chunk longer than T is one chunk
-    if keep is not None:  # a padded key's own scale is never used (lk below): keep it finite
-        ls = torch.where(keep[:, None], ls, ls.detach().amin(-1, keepdim=True))
-    if stabilise:
+    if stabilise:  # (padded keys count in neither the stabiliser nor the sums: lk below)
         big, la, m_last = _stabiliser(ls.detach(), keep, doc, doc0, state["m"] if state is not None else None)
     else:
         big, la, m_last = torch.zeros_like(ls), torch.zeros_like(ls), None
@@ -344,13 +342,13 @@ def bidirectional_sums(
 
 
 def _doc_max(x: Tensor, doc: Tensor | None) -> Tensor:
-    """The max of ``x [B, H, T]`` over each key's document (``doc [B, T]`` contiguous runs; None: the row),
-    ``[B, H, T | 1]``: one document's large scales never underflow another's keys."""
+    """The max of ``x [B, H, T]`` over each key's document (``doc [B, T]``, ``doc_index``'s numbers 0, 1, ...;
+    None: the row), ``[B, H, T | 1]``: one document's large scales never underflow another's keys."""
     if doc is None:
         return x.amax(-1, keepdim=True)
-    rank = F.pad((doc[:, 1:] != doc[:, :-1]).long().cumsum(-1), (1, 0))[:, None].expand_as(x)  # [B, H, T]: 0, 1..
-    top = x.new_full(x.shape, float("-inf")).scatter_reduce(-1, rank, x, "amax")  # [B, H, T]: per rank
-    return top.gather(-1, rank)
+    idx = doc[:, None].expand_as(x)  # [B, H, T]
+    top = x.new_full(x.shape, float("-inf")).scatter_reduce(-1, idx, x, "amax")  # [B, H, T]: per document number
+    return top.gather(-1, idx)
 
 
 def quadratic(

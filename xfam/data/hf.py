@@ -115,13 +115,16 @@ class HFSource(PackedLM):
         carved += [params["test_fraction"]] * (params["test_split"] is None)
         if sum(carved) >= 1:
             problems.append(f"the carved fractions sum to {sum(carved):g}, leaving no train rows. Fix: make it < 1.")
-        named = [(k, params[k]) for k in ("train_split", "validation_split", "test_split") if params[k] is not None]
-        for i, (k, name) in enumerate(named):  # one split twice: evaluating on training rows, or val = test
-            if first := next((k0 for k0, other in named[:i] if other == name), None):
+        roles: dict[str, str] = {}  # split name -> the first key naming it
+        for k in ("train_split", "validation_split", "test_split"):
+            name = params[k]
+            if name in roles:  # one split twice: evaluating on training rows, or validation = test
                 problems.append(
-                    f"{k}={name!r} is also {first}: one split would serve both. Fix: another split name, or "
+                    f"{k}={name!r} is also {roles[name]}: one split would serve both. Fix: another split name, or "
                     f"data.{k}=null to carve it from train."
                 )
+            elif name is not None:
+                roles[name] = k
         local = Path(params["path"]).expanduser()
         if local.is_dir():
             layout = _local_layout(local)

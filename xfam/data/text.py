@@ -90,9 +90,11 @@ def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple
     first: dict[Path, str] = {}  # resolved file -> its first key
     twice = []
     for key, p in docs:
-        if p.resolve() in first:
-            twice.append((first[p.resolve()], key))
-        first.setdefault(p.resolve(), key)
+        real = p.resolve()
+        if real in first:
+            twice.append((first[real], key))
+        else:
+            first[real] = key
     if twice:  # one file under two keys: read twice, and the split hash could put it in two splits
         (a, b), more = twice[0], f" and {len(twice) - 1} more" if len(twice) > 1 else ""
         problems.append(
