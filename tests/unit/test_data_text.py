@@ -292,3 +292,48 @@ def test_bad_inputs_are_reported_by_check(tmp_path, corpus):
     assert "'.txt'" in text and "leaves no document" in text
     with pytest.raises(ConfigError):
         DATA.build(cfg)
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_documents_that_are_not_utf8_text_are_kept_with_one_warning(tokenizer, tmp_path, caplog):
+    """Binary and non-UTF-8 files reached training with no word. They are kept (bytes are a byte model's input,
+    and the rows hold them unchanged), and every prepare, from the cache too, warns once with the counts,
+    up to 3 paths and how to leave them out."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    rng = random.Random(1)
+    for i in range(16):
+        (folder / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 200))))
+    bad = {
+        "blob.txt": bytes(range(256)) * 4,  # NUL bytes: binary
+        "latin1.txt": "café naïve façade\n".encode("latin-1") * 20,
+        "cut.txt": b"\xc3 cut in the middle of a character\n" * 20,
+        "koi8.txt": "привет мир\n".encode("koi8-r") * 20,
+    }
+    for name, data in bad.items():
+        (folder / name).write_bytes(data)
+    kw = {"tokenizer": tokenizer, "bpe_vocab_size": 300}
+    for attempt in ("built", "from the cache"):
+        src = make(folder, **kw)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="xfam"):
+            src.prepare()
+        found = [r.getMessage() for r in caplog.records if "not UTF-8 text" in r.getMessage()]
+        assert len(found) == 1, f"{attempt}: {found}"
+        msg = found[0]
+        assert f"4 of 20 documents ({sum(map(len, bad.values())):,} bytes)" in msg
+        assert "1 binary (NUL bytes), 3 not valid UTF-8" in msg
+        assert sum(str(folder / name) in msg for name in bad) == 3 and ", ..." in msg  # 3 examples of 4
+        assert "data.extensions" in msg and "data.paths" in msg
+        assert ("U+FFFD" in msg) == (tokenizer == "bpe")
+    if tokenizer == "byte":  # the rows hold the files' bytes as they are
+        for split in ("train", "validation", "test"):
+            covered = row_stream(src, split)
+            assert covered == split_stream(src, split)[: len(covered)]
+        assert {e["path"].split("/")[-1] for e in src.manifest["files"]} >= set(bad)
+
+
+def test_a_text_corpus_gives_no_utf8_warning(corpus, caplog):
+    with caplog.at_level("WARNING", logger="xfam"):
+        make(corpus).prepare()
+    assert not [r for r in caplog.records if "UTF-8" in r.getMessage()]

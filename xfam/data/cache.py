@@ -11,8 +11,11 @@ Every cached stage of a source lives under ``cache_root()`` (``<datasets cache>/
 A key is a hash of the inputs of the stage (file contents, tokenizer, generator parameters, seed,
 ``seq_len``, the stored format), so a change to any of them names another file and a stale cache is
 never read. A file that exists but cannot be used (a crash mid-copy, a truncated or foreign file,
-fewer rows than the stage makes, ids outside the vocabulary) is deleted and rebuilt, with a
-warning; a freshly built one that fails its check is a bug and raises.
+fewer rows than the stage makes, ids outside the vocabulary at either end, a row of another length:
+``rows_check``) is deleted and rebuilt, with a warning; a freshly built one that fails its check is
+a bug and raises. The checks run on every load, in Arrow over the memory-mapped file without a copy
+(each id read once, row lengths from the list offsets): ~0.01 s for both stages of the default
+corpus (~31 M tokens each).
 """
 
 from __future__ import annotations
@@ -35,21 +38,53 @@ Check = Callable[[Any], "str | None"]
 UNREADABLE = (pa.ArrowException, OSError, ValueError)
 
 
-def max_id(ds: Any, column: str) -> int:
-    """Largest token id in a list column (-1 when empty), computed by Arrow without Python loops."""
-    values = ds.with_format("arrow")[column].combine_chunks().flatten()
-    return -1 if len(values) == 0 else int(pc.max(values).as_py())
+def ids_problem(ds: Any, column: str, vocab_size: int | None = None, length: int | None = None) -> str | None:
+    """What makes ``column`` of ``ds`` unusable as token ids, or None: a missing column, a layout other
+    than lists of integers, nulls, a row whose length is not ``length``, an id outside
+    ``0 .. vocab_size - 1`` (both ends: a negative id indexes from the end, a large one past it).
+
+    Computed by Arrow on the memory-mapped column without Python loops or a copy: the lengths come
+    from the list offsets, and the ids are read once (``min_max``). A column of integers (a class
+    label) is checked the same way, as rows of one value.
+    """
+    if column not in ds.column_names:
+        return f"no column {column!r} (it has {ds.column_names})"
+    col = ds.with_format("arrow")[column]
+    kind = col.type
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    values = pc.list_flatten(col) if is_list else col
+    if not pa.types.is_integer(values.type):
+        return f"column {column!r} is {kind}, not {'lists of ' * is_list}integer ids"
+    if col.null_count or values.null_count:
+        return f"column {column!r} holds {col.null_count + values.null_count} nulls"
+    if length is not None and is_list and len(col):
+        shortest, longest = pc.min_max(pc.list_value_length(col)).values()
+        if (shortest.as_py(), longest.as_py()) != (length, length):
+            return f"rows of {shortest} to {longest} tokens in {column!r} where this stage makes {length}"
+    if vocab_size is not None and len(values):
+        low, high = (v.as_py() for v in pc.min_max(values).values())
+        if low < 0 or high >= vocab_size:
+            return f"ids {low} to {high} in {column!r}, outside 0 to {vocab_size - 1} (vocab_size {vocab_size})"
+    return None
 
 
-def rows_check(rows: int, column: str | None = None, vocab_size: int | None = None) -> Check:
-    """A check that a stage holds exactly ``rows`` rows and, given ``column``, ids below ``vocab_size``."""
+def rows_check(
+    rows: int,
+    column: str | None = None,
+    vocab_size: int | None = None,
+    length: int | None = None,
+    labels: tuple[str, int] | None = None,
+) -> Check:
+    """A check that a stage holds exactly ``rows`` rows and, given ``column``, usable token ids there
+    (``ids_problem``: ids in ``0 .. vocab_size - 1``, every row ``length`` long when given); ``labels``
+    = ``(column, num_classes)``: class labels in ``0 .. num_classes - 1``."""
 
     def check(ds: Any) -> str | None:
         if len(ds) != rows:
             return f"{len(ds)} rows where this stage makes {rows}"
-        if column is not None and vocab_size is not None and (top := max_id(ds, column)) >= vocab_size:
-            return f"token id {top} >= vocab_size {vocab_size}"
-        return None
+        if column is not None and (problem := ids_problem(ds, column, vocab_size, length)):
+            return problem
+        return None if labels is None else ids_problem(ds, *labels)
 
     return check
 
@@ -107,5 +142,8 @@ def cached_generate(
             generator, features=features, gen_kwargs=gen_kwargs, split=split, fingerprint=key, cache_dir=str(folder)
         )
 
+    def full_check(ds: Any) -> str | None:  # the stored layout first: a foreign file may hold other columns
+        return f"features {ds.features} where this stage makes {features}" if ds.features != features else check(ds)
+
     cached = folder.is_dir() and any(folder.rglob("dataset_info.json"))  # lock files alone: nothing was built
-    return _rebuild(build, check, folder, cached, lambda: shutil.rmtree(folder, ignore_errors=True))
+    return _rebuild(build, full_check, folder, cached, lambda: shutil.rmtree(folder, ignore_errors=True))

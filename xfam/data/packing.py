@@ -150,7 +150,9 @@ class PackedLM(DataSource):
             ids = self._map(ds, encoder, key, 256, rows_check(non_empty(ds, column), "ids", tok.vocab_size))
             num_tokens = int(pc.sum(pc.list_value_length(ids.with_format("arrow")["ids"])).as_py() or 0)
             packer, key = _Packer(self.seq_len, dtype), f"rows-{short_hash(self.fingerprint, name)}"
-            rows = self._map(ids, packer, key, 4096, rows_check(max(0, (num_tokens - 1) // self.seq_len)))
+            n_rows = max(0, (num_tokens - 1) // self.seq_len)
+            check = rows_check(n_rows, "tokens", tok.vocab_size, self.seq_len + 1)
+            rows = self._map(ids, packer, key, 4096, check)
             if len(rows) == 0:
                 raise ConfigError(
                     f"data={self.registry_name}: the {name} split has {num_tokens} tokens, fewer than "
@@ -222,8 +224,10 @@ class GeneratedSource(DataSource):
             return
         self.fingerprint = short_hash(FORMAT, self.registry_name, params)
         self._splits = {}
+        width = getattr(features[self.id_column], "length", -1)  # List(..., length=n): every row holds n ids
+        width, labels = width if width > 0 else None, None if self.num_classes is None else ("label", self.num_classes)
         for name in SPLITS:
-            check = rows_check(params[NUM_KEY[name]], self.id_column, self.vocab_size)
+            check = rows_check(params[NUM_KEY[name]], self.id_column, self.vocab_size, width, labels)
             kwargs, key = {"params": params, "split": name}, short_hash(self.fingerprint, name)
             self._splits[name] = cached_generate(generator, kwargs, features, name, key, check).with_format("torch")
 

@@ -11,7 +11,10 @@ per token into bits per byte. ``config`` is what enters the data fingerprint.
   ``tokenizers`` package, ``<eos>`` = id 0, the 256 byte symbols always in the vocabulary (no
   unknown token). Trained once per (train corpus fingerprint, vocab size) and cached as JSON
   under the ``datasets`` cache (a cached file that cannot be loaded is trained again, with a
-  warning). Invalid UTF-8 in a document reaches it as U+FFFD.
+  warning). It is trained on, and encodes, text: ``tokenizers`` takes ``str``, so invalid UTF-8 in
+  a document (``_as_text``: ``errors="replace"``) reaches it as U+FFFD, and the model learns the
+  replaced text; ``data=text`` warns about such documents (``xfam.data.text``). The byte tokenizer
+  takes the bytes as they are.
 """
 
 from __future__ import annotations
