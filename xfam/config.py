@@ -48,6 +48,8 @@ TRAINER_OWNED = (
 
 #: Keys of the trainer section that xfam reads itself (not Lightning arguments), with their choices.
 XFAM_TRAINER = {"nonfinite": ("stop", "skip"), "matmul_precision": ("highest", "high", "medium")}
+#: Integer keys of the trainer section that xfam reads itself, with their smallest valid value.
+XFAM_TRAINER_INTS = {"max_nonfinite_skips": 1}
 
 
 def _trainer_params() -> list[str]:
@@ -77,10 +79,14 @@ def lightning_trainer_args(source: bool = True) -> list[str]:
 
 
 def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
-    valid = _trainer_params() + list(XFAM_TRAINER)
+    valid = _trainer_params() + list(XFAM_TRAINER) + list(XFAM_TRAINER_INTS)
     out = []
     for key in trainer:
-        if key in XFAM_TRAINER:
+        if key in XFAM_TRAINER_INTS:
+            value, low = trainer[key], XFAM_TRAINER_INTS[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                out.append(f"trainer.{key}={value!r}: must be an integer >= {low}. Fix: trainer.{key}=10 (say).")
+        elif key in XFAM_TRAINER:
             if trainer[key] not in (choices := XFAM_TRAINER[key]):
                 out.append(unknown_choice(f"trainer.{key}", trainer[key], choices, f"trainer.{key}={choices[0]}."))
         elif key in TRAINER_OWNED:

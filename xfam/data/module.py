@@ -35,7 +35,7 @@ class XfamDataModule(L.LightningDataModule):
         super().__init__()
         self.source, self.seed, self.streams, self.num_workers = source, seed, streams, num_workers
         self.train_sampler: ResumableBatchSampler | None = None
-        self._resume_batches = 0
+        self._resume: tuple[int, int | None] = (0, None)  # (batches, epoch) a checkpoint says were consumed
 
     def prepare_data(self) -> None:
         self.source.prepare()
@@ -43,11 +43,12 @@ class XfamDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self.source.prepare()  # cached: cheap after prepare_data, and needed in spawned ranks
 
-    def resume_at(self, batches: int) -> None:
-        """Skip ``batches`` batches of the next training epoch (restored from a checkpoint)."""
-        self._resume_batches = batches
+    def resume_at(self, batches: int, epoch: int | None = None) -> None:
+        """Skip the ``batches`` batches of epoch ``epoch`` a checkpoint consumed, if training resumes in that
+        epoch (``ResumableBatchSampler.skip``)."""
+        self._resume = (batches, epoch)
         if self.train_sampler is not None:
-            self.train_sampler.skip(batches)
+            self.train_sampler.skip(batches, epoch)
 
     def train_dataloader(self) -> DataLoader:
         rank, world = _dist()
@@ -66,8 +67,8 @@ class XfamDataModule(L.LightningDataModule):
                 f"data={self.source.registry_name}: the train split has {len(rows)} rows, fewer than one batch of "
                 f"{self.source.batch_size} x {world} ranks. Fix: a smaller data.batch_size or more data."
             )
-        self.train_sampler.skip(self._resume_batches)
-        self._resume_batches = 0
+        self.train_sampler.skip(*self._resume)
+        self._resume = (0, None)
         return self._loader(rows, self.train_sampler)
 
     def val_dataloader(self) -> DataLoader:

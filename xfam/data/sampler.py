@@ -41,7 +41,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.rank, self.world_size = rank, world_size
         self.shuffle, self.streams, self.drop_last = shuffle, streams, drop_last
         self.epoch = 0
-        self._skip = 0
+        self._skip: tuple[int | None, int] = (None, 0)  # (epoch, batches): see ``skip``
         global_batch = batch_size * world_size
         if streams:
             self.stream_len = num_rows // global_batch
@@ -63,12 +63,19 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """Called by Lightning at the start of every epoch (through ``sampler``), a resumed one included."""
         self.epoch = epoch
 
-    def skip(self, batches: int) -> None:
-        """Skip the first ``batches`` batches of the next iteration (a resumed epoch)."""
-        self._skip = batches
+    def skip(self, batches: int, epoch: int | None = None) -> None:
+        """Skip the first ``batches`` batches of the next iteration if it is epoch ``epoch`` (a resumed epoch).
+
+        A checkpoint written at an epoch's last batch has consumed the whole epoch, and Lightning resumes it
+        in the next one, whose batches must all be seen: the skip applies only to the epoch whose batches were
+        consumed. (``epoch=None``, a checkpoint that did not record it: a whole epoch consumed is taken as
+        finished.)"""
+        self._skip = (epoch, batches)
 
     def __iter__(self) -> Iterator[list[int]]:
-        start, self._skip = self._skip, 0
+        (epoch, batches), self._skip = self._skip, (None, 0)
+        same_epoch = self.epoch == epoch if epoch is not None else batches < self._len
+        start = batches if same_epoch else 0
         for t in range(start, self._len):
             yield self._batch(t)
 

@@ -182,24 +182,34 @@ class XfamLitModule(L.LightningModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(ranks, mine)
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
-        checkpoint["xfam_resume"] = {"batches_in_epoch": progress.processed, "ranks": ranks}
+        loop = self.trainer.fit_loop
+        checkpoint["xfam_resume"] = {
+            "batches_in_epoch": loop.epoch_loop.batch_progress.current.processed,
+            # The epoch those batches belong to: the last one started. (``current_epoch`` is already the next
+            # one when a checkpoint is written after an epoch finished, e.g. at the end of training.)
+            "epoch": loop.epoch_progress.current.started - 1,
+            "ranks": ranks,
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         resume = checkpoint.get("xfam_resume")
         if resume is None or self._trainer is None:
             return
         ranks = resume["ranks"]
-        self._resume = ranks[self.global_rank] if self.global_rank < len(ranks) else ranks[0]
+        mine = ranks[self.global_rank] if self.global_rank < len(ranks) else ranks[0]
+        self._resume = {**mine, "epoch": resume.get("epoch")}
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "resume_at"):
-            datamodule.resume_at(resume["batches_in_epoch"])
+            datamodule.resume_at(resume["batches_in_epoch"], resume.get("epoch"))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._resume is not None:
             set_rng_state(self._resume["rng"])
             memory = self._resume["memory"]
-            self._memory = None if memory is None else _to_device(memory, self.device)
+            # A checkpoint written at an epoch's last batch resumes in the next epoch, whose streams start
+            # afresh (as ``on_train_epoch_start`` does in an uninterrupted run).
+            same_epoch = self._resume["epoch"] in (None, self.current_epoch)
+            self._memory = None if memory is None or not same_epoch else _to_device(memory, self.device)
             self._resume = None
 
 

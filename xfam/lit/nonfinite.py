@@ -8,7 +8,10 @@ reached them, and after DDP's all-reduce, so every rank takes the same decision)
   on the batch is not finite (or, when the forward is finite, the first parameter whose gradient is
   not), and stop with a ``NonFiniteError`` naming the step, the module and the fixes.
 * ``skip``: drop every gradient of the step (the optimizer then leaves the parameters and its
-  moments untouched), count it (``train/nonfinite_skipped``, saved in checkpoints) and log it.
+  moments untouched), count it (``train/nonfinite_skipped``, saved in checkpoints) and log it. A run
+  that keeps failing is not training: after ``trainer.max_nonfinite_skips`` consecutive skipped steps
+  it stops with a ``NonFiniteError`` (non-zero exit; a sweep records the job as failed). The count is
+  reported when training ends.
 
 Under fp16 mixed precision the gradient scaler already skips steps whose gradients overflow (and
 lowers its scale), so there the guard leaves gradients to it.
@@ -65,16 +68,17 @@ def first_nonfinite_module(model: nn.Module, run: Any) -> str | None:
 class NonFiniteGuard(L.Callback):
     """Applies ``trainer.nonfinite`` (see the module docstring)."""
 
-    def __init__(self, policy: Policy, run_dir: Path):
-        self.policy, self.run_dir = policy, Path(run_dir)
-        self.skipped, self.active = 0, True
+    def __init__(self, policy: Policy, run_dir: Path, max_skips: int = 10):
+        self.policy, self.run_dir, self.max_skips = policy, Path(run_dir), max_skips
+        self.skipped, self.consecutive, self.active = 0, 0, True
         self._batch: Any = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"skipped": self.skipped}
+        return {"skipped": self.skipped, "consecutive": self.consecutive}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped = int(state_dict.get("skipped", 0))
+        self.consecutive = int(state_dict.get("consecutive", 0))
 
     def on_fit_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.active = not str(trainer.precision).startswith("16")
@@ -90,18 +94,32 @@ class NonFiniteGuard(L.Callback):
             return
         largest = torch.stack(torch._foreach_norm(grads, float("inf")))  # max |g| per tensor; NaN stays NaN
         if bool(torch.isfinite(largest).all()):  # one synchronisation per step, not one per parameter
+            self.consecutive = 0
             return
         step = trainer.global_step
         if self.policy == "skip":
             for p in module.parameters():
                 p.grad = None  # AdamW skips parameters without a gradient: no update, no moment change
             self.skipped += 1
+            self.consecutive += 1
             log.warning("step %d: NaN/Inf in the gradients; step skipped (%d so far)", step, self.skipped)
             module.log("train/nonfinite_skipped", float(self.skipped))
+            if self.consecutive >= self.max_skips:
+                raise NonFiniteError(
+                    f"training stopped at step {step}: {self.consecutive} consecutive steps had NaN/Inf gradients "
+                    f"and were skipped (trainer.max_nonfinite_skips={self.max_skips}; {self.skipped} skipped in "
+                    f"all), so the run is not training. Fix: a lower optim.lr or longer optim.warmup_steps, "
+                    f"trainer.gradient_clip_val, trainer.precision=32-true, or trainer.nonfinite=stop to find the "
+                    f"first module that produces the NaN/Inf."
+                )
             return
         path = self.run_dir / "checkpoints" / f"nonfinite-step-{step:07d}.ckpt"
         trainer.save_checkpoint(path)
         raise NonFiniteError(self._message(module, step, path))
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.skipped:
+            log.warning("trainer.nonfinite=skip: %d step(s) with NaN/Inf gradients were skipped", self.skipped)
 
     def _message(self, module: L.LightningModule, step: int, path: Path) -> str:
         where = None

@@ -13,7 +13,7 @@ cluster's KillWait, 30 s by default). ``Preemption``:
   its previous effect;
 * at the end of the next optimizer step the ranks agree (one all-reduce of two flags per step under
   DDP, so every rank stops at the same step even if only one got the signal) and the run's ordinary
-  checkpoints are written by its periodic ``ModelCheckpoint``: ``checkpoints/step-N.ckpt`` and
+  checkpoints are written by its periodic ``StepCheckpoint``: ``checkpoints/step-N.ckpt`` and
   ``last.ckpt``, exact resume points like the periodic ones (batches consumed, RNG states), which
   ``ckpt_path=auto`` finds;
 * once that step's metrics are logged and flushed, rank zero requeues the job for the requeue
@@ -43,8 +43,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import ModelCheckpoint
 
+from xfam.lit.step_checkpoint import StepCheckpoint
 from xfam.logs import log
 
 
@@ -97,14 +97,14 @@ class Preemption(L.Callback):
     """Checkpoint, requeue and exit on ``requeue_signal``; checkpoint and exit on ``stop_signal``.
 
     Args:
-        checkpoint: the run's periodic ``ModelCheckpoint`` (``step-N.ckpt`` and ``last.ckpt``).
+        checkpoint: the run's periodic ``StepCheckpoint`` (``step-N.ckpt`` and ``last.ckpt``).
         requeue_signal, stop_signal: signal names (``"USR1"``, ``"TERM"``, ...) or None (not handled).
         ckpt_path: the run's ``ckpt_path``; a requeued job reruns the command, which needs ``auto``.
     """
 
     def __init__(
         self,
-        checkpoint: ModelCheckpoint,
+        checkpoint: StepCheckpoint,
         requeue_signal: str | None = "USR1",
         stop_signal: str | None = "TERM",
         ckpt_path: str | None = "auto",
@@ -189,12 +189,7 @@ class Preemption(L.Callback):
             return
         signum = self.requeue_signal if wants_requeue else self.stop_signal
         ckpt = self.checkpoint
-        if not ckpt._should_skip_saving_checkpoint(trainer):  # i.e. not written yet at this step
-            # What ModelCheckpoint does on a periodic step, so the files, their pruning and their
-            # content (xfam's resume state included) are those of a periodic checkpoint.
-            candidates = ckpt._monitor_candidates(trainer)
-            ckpt._save_topk_checkpoint(trainer, candidates)
-            ckpt._save_last_checkpoint(trainer, candidates)
+        ckpt.save_now(trainer)  # a periodic checkpoint's files, pruning and content (unless written at this step)
         if trainer.is_global_zero:
             log.warning(
                 "preemption: %s received; checkpoint of step %d written to %s (and last.ckpt); stopping",

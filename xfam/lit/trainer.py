@@ -18,6 +18,7 @@ from xfam.lit.checkpoint import AtomicCheckpointIO
 from xfam.lit.nonfinite import NonFiniteGuard
 from xfam.lit.preempt import Preemption, cluster_plugins
 from xfam.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
+from xfam.lit.step_checkpoint import StepCheckpoint
 from xfam.logs import log, quiet_lightning
 from xfam.specs import CallbacksSpec, LoggerSpec
 
@@ -69,7 +70,7 @@ def make_loggers(spec: LoggerSpec, run_dir: Path, name: str, resume_step: int = 
 def make_callbacks(spec: CallbacksSpec, run_dir: Path, ckpt_path: str | None = None) -> list[L.Callback]:
     """Checkpoints (periodic, best, and on a preemption signal), progress, learning rate, loss curve."""
     ckpt_dir = run_dir / "checkpoints"
-    periodic = cb.ModelCheckpoint(
+    periodic = StepCheckpoint(
         dirpath=ckpt_dir,
         filename="step-{step:07d}",
         auto_insert_metric_name=False,
@@ -114,7 +115,7 @@ def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (
     quiet_lightning()
     cbs = CallbacksSpec(**cfg["callbacks"])
     trainer_kw = dict(cfg["trainer"])
-    guard = NonFiniteGuard(trainer_kw.pop("nonfinite", "stop"), run_dir)
+    guard = NonFiniteGuard(trainer_kw.pop("nonfinite", "stop"), run_dir, trainer_kw.pop("max_nonfinite_skips", 10))
     precision = MatmulPrecision(trainer_kw.pop("matmul_precision", "highest"))
     if cbs.progress_bar == "none" or not sys.stdout.isatty():
         trainer_kw["enable_progress_bar"] = False
