@@ -12,16 +12,16 @@ from unittest import mock
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from xfam.lit import preempt
 from xfam.lit.preempt import Preempted, Preemption, requeue, slurm_job_id
+from xfam.lit.step_checkpoint import StepCheckpoint
 
 
 @pytest.fixture
 def callback():
-    ckpt = mock.create_autospec(ModelCheckpoint, instance=True)
-    ckpt._should_skip_saving_checkpoint.return_value = False
+    ckpt = mock.create_autospec(StepCheckpoint, instance=True)
+    ckpt.save_now.return_value = True
     ckpt._monitor_candidates.return_value = {}
     ckpt.format_checkpoint_name.return_value = "checkpoints/step-0000004.ckpt"
     cb = Preemption(ckpt, "USR1", "TERM")
@@ -63,8 +63,7 @@ def test_checkpoint_at_the_step_end_then_requeue_and_exit(callback, monkeypatch,
     assert ckpt.mock_calls == []
     trainer.global_step = 4
     cb.on_train_batch_end(trainer, None, None, None, 1)
-    ckpt._save_topk_checkpoint.assert_called_once()
-    ckpt._save_last_checkpoint.assert_called_once()
+    ckpt.save_now.assert_called_once_with(trainer)
     assert calls == []  # not before the step's metrics are logged
     with pytest.raises(Preempted) as stop:
         cb.on_validation_start(trainer, None)
@@ -107,7 +106,7 @@ def test_every_rank_stops_when_any_rank_got_the_signal(callback) -> None:
     cb._step = 3
     trainer.global_step = 4
     cb.on_train_batch_end(trainer, SimpleNamespace(device=torch.device("cpu")), None, None, 0)
-    ckpt._save_last_checkpoint.assert_called_once()
+    ckpt.save_now.assert_called_once_with(trainer)
     with pytest.raises(Preempted) as stop:
         cb.on_train_batch_start(trainer, None, None, 1)
     assert stop.value.code == 128 + signal.SIGUSR1
