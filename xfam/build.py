@@ -38,14 +38,29 @@ def model_io(config: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
 
 def check_checkpoint_data(ckpt: str, config: dict[str, Any], info: dict[str, Any]) -> None:
     """Refuse to resume ``ckpt`` on data its model cannot take (token ids outside its vocabulary,
-    another vocabulary size, task or class count): its embedding or head has other shapes. Runs once
-    the data is prepared and before anything is written, so a refused resume changes nothing."""
+    another vocabulary size, task or class count): its embedding or head has other shapes. Refuse
+    other data it could take too (another data fingerprint: e.g. another corpus in a run directory
+    named like this one's) unless ``allow_data_change=true`` asks for it: continuing a run on other
+    data by mistake would mix two experiments silently. Runs once the data is prepared and before
+    anything is written, so a refused resume changes nothing."""
     from xfam.lit.checkpoint import read
+    from xfam.logs import log
 
     meta = read(ckpt)["xfam"]
     saved, now = model_io(meta["config"], meta["data_info"]), model_io(config, info)
     if saved == now:
-        return
+        was, is_now = meta["data_info"].get("fingerprint"), info.get("fingerprint")
+        if was is None or was == is_now:
+            return
+        if config.get("allow_data_change", False):
+            log.warning("allow_data_change=true: resuming %s on other data (fingerprint %s -> %s)", ckpt, was, is_now)
+            return
+        raise ConfigError(
+            f"checkpoint {ckpt} was trained on other data (data fingerprint {was} -> {is_now}). Nothing was "
+            f"changed. Fix: resume with the data settings of the checkpoint's run (its config.yaml), start a "
+            f"fresh run (ckpt_path=null, another name), or add allow_data_change=true to continue this "
+            f"checkpoint on this data on purpose."
+        )
     diff = [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in saved if saved[key] != now[key]]
     why = "its model cannot take this data"
     if saved["task"] == now["task"] and now["vocab_size"] > saved["vocab_size"]:

@@ -29,6 +29,8 @@ class RunSpec:
         test: evaluate the test split after training.
         debug: show full tracebacks instead of one-line errors.
         optimized_metric: the final metric returned to a sweeper (``hparams_search=optuna``).
+        allow_data_change: resume a checkpoint on purpose on data with another fingerprint than it
+            was trained on (e.g. to fine-tune); refused by default, as it is more often a mistake.
     """
 
     name: str = "default"
@@ -37,6 +39,7 @@ class RunSpec:
     test: bool = True
     debug: bool = False
     optimized_metric: str | None = None
+    allow_data_change: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

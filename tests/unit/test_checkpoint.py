@@ -72,7 +72,8 @@ def test_a_checkpoint_resumes_only_on_data_its_model_can_take(tmp_path: Path) ->
     path = tmp_path / "run.ckpt"
     meta = {"config_version": checkpoint.CONFIG_VERSION, "config": config, "data_info": info()}
     torch.save({"xfam": meta}, path)
-    check_checkpoint_data(str(path), config, {**info(), "fingerprint": "other text, same vocabulary"})
+    check_checkpoint_data(str(path), config, info())
+    check_checkpoint_data(str(path), {**config, "allow_data_change": True}, {**info(), "fingerprint": "other text"})
     with pytest.raises(ConfigError, match=r"ids up to 299, outside the checkpoint.s vocabulary \(vocab_size: 257"):
         check_checkpoint_data(str(path), config, info(vocab=300))
     with pytest.raises(ConfigError, match="vocab_size: 257 -> 17; num_classes: None -> 10"):
@@ -81,4 +82,20 @@ def test_a_checkpoint_resumes_only_on_data_its_model_can_take(tmp_path: Path) ->
         check_checkpoint_data(str(path), config, info(vocab=100))  # a smaller embedding: other shapes too
     fixed = {"model": {"vocab_size": 512}}  # an explicit model.vocab_size: the embedding does not follow the data
     torch.save({"xfam": {**meta, "config": fixed}}, path)
-    check_checkpoint_data(str(path), fixed, info(vocab=300))
+    check_checkpoint_data(str(path), {**fixed, "allow_data_change": True}, info(vocab=300))
+
+
+def test_a_checkpoint_resumes_on_other_data_only_when_asked(tmp_path: Path) -> None:
+    """Same vocabulary, other text (e.g. a run directory shared by two corpora): the model could take it,
+    but continuing another run's training silently is refused; ``allow_data_change=true`` allows it."""
+    from xfam.build import check_checkpoint_data
+
+    info = {"task": "lm", "vocab_size": 257, "num_classes": None, "fingerprint": "aaaa1111"}
+    config = {"model": {"vocab_size": None}}
+    path = tmp_path / "run.ckpt"
+    torch.save({"xfam": {"config_version": checkpoint.CONFIG_VERSION, "config": config, "data_info": info}}, path)
+    with pytest.raises(ConfigError) as err:
+        check_checkpoint_data(str(path), config, {**info, "fingerprint": "bbbb2222"})
+    assert "aaaa1111 -> bbbb2222" in str(err.value) and "allow_data_change=true" in str(err.value)
+    assert "Fix:" in str(err.value) and "\n" not in str(err.value)
+    check_checkpoint_data(str(path), {**config, "allow_data_change": True}, {**info, "fingerprint": "bbbb2222"})
