@@ -8,6 +8,7 @@ all, each with the fix. It reads signatures and class attributes only: no data, 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -21,7 +22,7 @@ import xfam.data
 import xfam.exit
 import xfam.memory
 import xfam.pos  # noqa: F401  (registers every component)
-from xfam import compat
+from xfam import compat, trainer_args
 from xfam.attention.base import ATTENTION
 from xfam.data.base import DATA
 from xfam.errors import ConfigError, close_matches, unknown_choice
@@ -31,7 +32,7 @@ from xfam.model.spec import ModelSpec
 from xfam.pos.base import POS
 from xfam.registry import check_params
 from xfam.schedule import per_head, per_layer
-from xfam.specs import CallbacksSpec, LoaderSpec, LoggerSpec, OptimSpec, RunSpec
+from xfam.specs import CallbacksSpec, LoaderSpec, LoggerSpec, OptimSpec, RunSpec, wandb_online_problem
 
 SLOTS = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}
 SECTIONS = ("model", "attention", "pos", "memory", "exit", "data", "loader", "optim", "trainer", "logger", "callbacks")
@@ -95,7 +96,9 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
             near = close_matches(key, valid)
             hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
             out.append(f"trainer: unknown key {key!r}.{hint} Valid keys: {', '.join(valid)}. Fix: remove or rename it.")
-    if trainer.get("accelerator") == "cpu" and str(trainer.get("precision", "32")).startswith("16"):
+    out += trainer_args.problems(trainer)  # values and combinations of Lightning's arguments
+    valid_precision = not any(p.startswith("trainer.precision") for p in out)
+    if trainer.get("accelerator") == "cpu" and str(trainer.get("precision", "32")).startswith("16") and valid_precision:
         out.append(
             f"trainer.precision={trainer['precision']!r} needs a GPU (fp16 autocast is not supported on CPU). "
             f"Fix: trainer.precision=32-true or bf16-mixed (slow on CPUs without bf16 units)."
@@ -104,13 +107,16 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
 
 
 def check_machine(cfg: Mapping[str, Any]) -> None:
-    """Refuse a trainer this machine cannot run (no GPU for ``trainer=gpu/ddp/fsdp``), or a Triton backend
-    it cannot run (``backend=triton`` without CUDA or ``TRITON_INTERPRET=1``), in one message.
+    """Refuse a trainer this machine cannot run (no GPU for ``trainer=gpu/ddp/fsdp``), a Triton backend
+    it cannot run (``backend=triton`` without CUDA or ``TRITON_INTERPRET=1``), or wandb online without
+    credentials here (``xfam.specs.wandb_online_problem``), in one message.
 
     Kept apart from ``validate``, which judges the config alone: a config meant for a GPU node is
     valid on a laptop or a SLURM login node, and is checked where it runs."""
     import torch
 
+    if (why := wandb_online_problem(cfg["logger"])) is not None:  # credentials: where it runs, as the GPUs
+        raise ConfigError(why)
     trainer = cfg["trainer"]
     strategy, accelerator = str(trainer.get("strategy", "auto")), str(trainer.get("accelerator", "auto"))
     cuda = torch.cuda.is_available()
@@ -222,18 +228,172 @@ def _slot_problems(
     return [], sel
 
 
+_ABSENT = object()
+
+
+def _missing_section(section: str, value: Any) -> str:
+    """A config section that is absent (``~model``) or not a mapping (``model=null``, ``+model=3``)."""
+    groups = {
+        "model": "model=tiny",
+        "attention": "attention=vanilla",
+        "pos": "pos=rope",
+        "memory": "memory=none",
+        "exit": "exit=none",
+        "data": "data=text",
+        "optim": "optim=adamw",
+        "trainer": "trainer=cpu",
+        "logger": "logger=csv",
+        "callbacks": "callbacks=default",
+    }
+    what = "is missing (deleted, e.g. by ~" + section + ")" if value is _ABSENT else f"is {value!r}, not a section"
+    if section in groups:
+        fix = f"select one with {groups[section]} (`python train.py --help` lists the options)"
+    else:  # (loader: a section of configs/train.yaml itself)
+        fix = f"remove the override that deleted or replaced it ({section} is a section of configs/train.yaml)"
+    return f"config section {section!r} {what}: every run needs it. Fix: {fix}."
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as it is written on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_yaml(v) for v in value) + "]"
+    return str(value)
+
+
+def _missing_keys(cls: type, params: Mapping[str, Any], section: str) -> list[str]:
+    """Keys of a fixed section (its dataclass's fields) that the config lacks: xfam reads every one, and the
+    YAML carries them all, so a missing one was deleted (``~model.dim``)."""
+    out = []
+    for field in dataclasses.fields(cls):
+        if field.name in params:
+            continue
+        key = f"{section}.{field.name}" if section else field.name
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        out.append(
+            f"{key}: missing (deleted, e.g. by ~{key}); xfam reads every key of "
+            f"{'the ' + section + ' section' if section else 'the top level of the config'}. "
+            f"Fix: remove the ~{key} override, or set {key}={_yaml(default)} (its default)."
+        )
+    return out
+
+
+def _name_problems(name: Any) -> list[str]:
+    """``name`` is one folder under the runs folder: ``runs/<name>/<overrides>``."""
+    if not isinstance(name, str):
+        return []  # (check_params: must be a string)
+    fix = "Fix: name=<one folder name, without '/' or '..'>, e.g. name=baseline."
+    if not name.strip():
+        return [f"name={name!r} is empty: the run directory is runs/<name>/<overrides>. {fix}"]
+    if "/" in name or "\\" in name or ".." in name:
+        return [
+            f"name={name!r} contains {'/' if '/' in name else '..' if '..' in name else chr(92)!r}: the run "
+            f"directory is runs/<name>/<overrides>, so this name would write outside the runs folder (or into a "
+            f"folder of another run group). {fix}"
+        ]
+    if name != name.strip() or any(ord(c) < 32 for c in name):
+        return [f"name={name!r} starts or ends with white space or holds control characters. {fix}"]
+    return []
+
+
+def _causal_problems(spec: ModelSpec, task: str, data: Any) -> list[str]:
+    """``model.causal`` against the task: a language model must not see the token it predicts, and a causal
+    classifier that pools the first token sees only that token."""
+    if task == "lm" and spec.causal is False:
+        classify = ", ".join(f"data={n}" for n, c in DATA.items() if c.task == "classify")
+        return [
+            f"model.causal=false with data={data}, a language-modelling task: each position is trained to predict "
+            f"the next token, and with bidirectional attention it sees that token (the loss falls by copying its "
+            f"targets; a masked-LM objective would be a separate task). Fix: model.causal=null (causal for "
+            f"language modelling) or model.causal=true, or a classification dataset ({classify}) for a "
+            f"bidirectional model."
+        ]
+    if task == "classify" and spec.causal is True and spec.pool == "cls":
+        return [
+            f"model.causal=true with model.pool=cls on data={data}: under causal attention the first token sees "
+            f"only itself, so the pooled vector the classifier reads carries nothing of the rest of the input. "
+            f"Fix: model.pool=mean (the mean of every position, each of which sees its prefix), or "
+            f"model.causal=null (bidirectional for classification)."
+        ]
+    return []
+
+
+#: Aux-loss metrics are ``{split}/{slot}/{name}`` with names of the components' own (``val/attention/span``).
+AUX_METRIC_SLOTS = ("attention", "memory", "exit")
+
+
+def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
+    """The metric names a run of ``cfg`` returns when it ends (``runner.train``; what ``optimized_metric``
+    may name): ``step``, ``train/tokens_per_s``, and for val (and test, with ``test=true``) the task's metrics
+    (``xfam.metrics.summarize``): loss and acc; lm: ppl, and bpb for byte-backed text; an exit policy's depth
+    and compute_saved; an early-exit policy's full-depth metrics and agreement. Aux losses
+    (``val/attention/span`` ...) are named by the components and matched by prefix (``AUX_METRIC_SLOTS``)."""
+    from xfam.data.packing import PackedLM
+
+    names = ["loss", "acc"]
+    if sel.task == "lm":
+        names += ["ppl"] + (["bpb"] if data_cls is not None and issubclass(data_cls, PackedLM) else [])
+    exit_cls = sel.exit[0]
+    if exit_cls.registry_name != "none":
+        names += ["depth", "compute_saved"]
+    if exit_cls.early_exit:
+        full = ["loss", "acc"] + (["ppl", "bpb"] if "bpb" in names else ["ppl"] if sel.task == "lm" else [])
+        names += [f"full/{n}" for n in full] + ["agreement"]
+    splits = ["val", "test"] if cfg.get("test", True) else ["val"]
+    return ["step", "train/tokens_per_s"] + [f"{s}/{n}" for s in splits for n in names]
+
+
+def _metric_problems(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
+    """``optimized_metric`` (read when the run ends) and ``callbacks.monitor`` (read at each validation) must
+    name metrics this run produces: found wrong only after training, otherwise."""
+    out = []
+    final = final_metrics(cfg, data_cls, sel)
+    aux = lambda *splits: tuple(f"{s}/{slot}/" for s in splits for slot in AUX_METRIC_SLOTS)  # noqa: E731
+    metric = cfg.get("optimized_metric")
+    splits = ("val", "test") if cfg.get("test", True) else ("val",)
+    if isinstance(metric, str) and metric not in final and not metric.startswith(aux(*splits)):
+        near = close_matches(metric, final)
+        hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+        out.append(
+            f"optimized_metric={metric!r} is not a metric this run reports when it ends (the sweeper would get "
+            f"nothing after the whole training).{hint} Valid: {', '.join(final)}, or an auxiliary loss "
+            f"val/<attention|memory|exit>/<name>. Fix: optimized_metric=val/loss (say)."
+        )
+    monitor, callbacks = cfg["callbacks"].get("monitor"), cfg["callbacks"]
+    logged = [m for m in final if m.startswith("val/")] + ["train/loss", "global_step"]
+    if "val/depth" in final:
+        logged.append("train/depth")
+    if (
+        callbacks.get("save_best")
+        and isinstance(monitor, str)
+        and monitor not in logged
+        and not monitor.startswith(aux("val", "train"))
+    ):
+        near = close_matches(monitor, logged)
+        hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+        out.append(
+            f"callbacks.monitor={monitor!r} is not a metric logged at validation (best.ckpt keeps the lowest "
+            f"one; Lightning stops at the first validation without it).{hint} Valid: {', '.join(logged)}. "
+            f"Fix: callbacks.monitor=val/loss, or callbacks.save_best=false."
+        )
+    return out
+
+
 def validate(cfg: Mapping[str, Any]) -> None:
     """Raise one ``ConfigError`` with every problem in ``cfg`` (a plain, resolved config dict)."""
     problems: list[str] = []
-    missing = [s for s in SECTIONS if not isinstance(cfg.get(s), Mapping)]
-    if missing:
-        raise ConfigError(f"config sections missing or not mappings: {missing}. Fix: compose from configs/train.yaml.")
+    if missing := [s for s in SECTIONS if not isinstance(cfg.get(s), Mapping)]:
+        raise ConfigError([_missing_section(s, cfg.get(s, _ABSENT)) for s in missing])
     top = {k: v for k, v in cfg.items() if k not in SECTIONS}
-    problems += check_params(RunSpec, top, "config", structural=())
-    problems += check_params(LoaderSpec, cfg["loader"], "loader", structural=())
-    problems += check_params(OptimSpec, cfg["optim"], "optim", structural=())
-    problems += check_params(LoggerSpec, cfg["logger"], "logger", structural=())
+    problems += check_params(RunSpec, top, "config", structural=()) + _missing_keys(RunSpec, top, "")
+    problems += _name_problems(top.get("name"))
+    for section, cls in (("loader", LoaderSpec), ("optim", OptimSpec), ("logger", LoggerSpec)):
+        problems += check_params(cls, cfg[section], section, structural=()) + _missing_keys(cls, cfg[section], section)
     problems += check_params(CallbacksSpec, cfg["callbacks"], "callbacks", structural=())
+    problems += _missing_keys(CallbacksSpec, cfg["callbacks"], "callbacks")
     if (sig := cfg["callbacks"].get("requeue_signal")) is not None and sig == cfg["callbacks"].get("stop_signal"):
         problems.append(
             f"callbacks.requeue_signal and callbacks.stop_signal are both {sig}. "
@@ -249,6 +409,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
         problems += DATA.check(cfg["data"], {})
         data_cls = DATA.get(cfg["data"]["name"])
     model_problems = check_params(ModelSpec, cfg["model"], "model", structural=())
+    model_problems += _missing_keys(ModelSpec, cfg["model"], "model")
     problems += model_problems
     if model_problems:
         raise ConfigError(problems)
@@ -258,10 +419,12 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(problems)
     task = data_cls.task if data_cls else "lm"
     causal = spec.causal if spec.causal is not None else task == "lm"
+    problems += _causal_problems(spec, task, cfg["data"].get("name"))
     slot_problems, sel = _slot_problems(cfg, spec, causal, task)
     problems += slot_problems
     if sel is not None:
         problems += compat.check(sel)
+        problems += _metric_problems(cfg, data_cls, sel)
         seq_len = cfg["data"].get("seq_len")
         if sel.pos[0].bounded and isinstance(seq_len, int) and seq_len > spec.max_len:
             problems.append(

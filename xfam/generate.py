@@ -64,7 +64,8 @@ def generate(
         )
     if prompt.shape[1] == 0:
         raise ConfigError("generate needs a prompt of at least one token. Fix: pass prompt=<text>.")
-    bad = [f"temperature={temperature} (valid: >= 0, 0 = greedy)"] if temperature < 0 else []
+    bad = [f"max_new_tokens={max_new_tokens} (valid: >= 1)"] if max_new_tokens < 1 else []
+    bad += [f"temperature={temperature} (valid: >= 0, 0 = greedy)"] if not temperature >= 0 else []
     bad += [f"top_k={top_k} (valid: >= 0, 0 = off)"] if top_k < 0 else []
     bad += [f"top_p={top_p} (valid: 0 < top_p <= 1, 1 = off)"] if not 0 < top_p <= 1 else []
     if bad:  # (top_p <= 0 kept no token: NaN probabilities, and sampling failed inside torch)

@@ -9,7 +9,11 @@ and is checked against ``lightning.Trainer``'s signature.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Literal
+import netrc
+import os
+import urllib.parse
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from xfam.registry import NonNegative, Positive, Range
 
@@ -34,7 +38,7 @@ class RunSpec:
     """
 
     name: str = "default"
-    seed: int = 0
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 0  # (numpy's seed range, Lightning's seed_everything)
     ckpt_path: str | None = None
     test: bool = True
     debug: bool = False
@@ -75,7 +79,7 @@ class OptimSpec:
 
     name: Literal["adamw"] = "adamw"
     lr: Annotated[float, Positive] = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Annotated[float, Range(ge=0, lt=1)], Annotated[float, Range(ge=0, lt=1)]] = (0.9, 0.95)
     eps: Annotated[float, Positive] = 1e-8
     weight_decay: Annotated[float, NonNegative] = 0.1
     decay_embeddings: bool = False
@@ -100,6 +104,39 @@ class LoggerSpec:
     entity: str | None = None
     tags: list[str] = dataclasses.field(default_factory=list)
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+
+
+def wandb_credentials() -> str | None:
+    """Where wandb finds an API key on this machine, read locally (never a network call): ``WANDB_API_KEY``,
+    or a netrc entry (``$NETRC`` or ``~/.netrc``) for the wandb host (``WANDB_BASE_URL``, api.wandb.ai by
+    default); None without one."""
+    if os.environ.get("WANDB_API_KEY"):
+        return "WANDB_API_KEY is set"
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        if netrc.netrc(path).authenticators(host or "api.wandb.ai"):
+            return f"credentials for {host} in {path}"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return None
+
+
+def wandb_online_problem(logger: Mapping[str, Any]) -> str | None:
+    """Why ``logger`` (the logger section) cannot log to wandb online here: online is asked for (``logger.mode=
+    online``, or ``auto`` under ``WANDB_MODE=online``) and this machine has no credentials."""
+    if logger.get("name") != "wandb":
+        return None
+    mode = logger.get("mode", "auto")
+    asked = mode == "online" or (mode == "auto" and os.environ.get("WANDB_MODE") == "online")
+    if not asked or wandb_credentials() is not None:
+        return None
+    why = "logger.mode=online" if mode == "online" else "WANDB_MODE=online (with logger.mode=auto)"
+    return (
+        f"{why}: wandb has no credentials on this machine (no WANDB_API_KEY, no netrc entry for api.wandb.ai), so "
+        f"the run would stop at its first log. Fix: `wandb login` (or export WANDB_API_KEY=<key>), or "
+        f"logger.mode=offline (sync later with `wandb sync`) or logger.mode=auto (online only with credentials)."
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -262,6 +262,11 @@ class AdaptiveSpan(AttentionMechanism):
         return self._aux
 
     @classmethod
+    def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        dynamic = "per-query (dynamic) spans" if params.get("dynamic") else None  # (as ``forward`` refuses them)
+        return fused.triton_refusals(cls, params, selection, "block", (dynamic,))
+
+    @classmethod
     def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
         max_len, span = ctx.get("max_len"), params["max_span"]
         if max_len is not None and span is not None and span > max_len:

@@ -173,13 +173,14 @@ class BigBird(SparseMechanism):
 
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        out = super().refusals(params, selection)
         if params.get("global_blocks", 2) and selection.has_memory:
-            return [
+            out.append(
                 "attention=bigbird: global_blocks are the first blocks of the keys, and with memory in front of each "
                 "segment they would be the oldest memory slots (the segment's own tokens never global). Fix: "
                 "attention.global_blocks=0, or memory=none."
-            ]
-        return []
+            )
+        return out
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:

@@ -43,6 +43,26 @@ def blocker(
     return None
 
 
+def triton_refusals(
+    cls: type, params: dict[str, Any], selection: Any, fallback: str, own: tuple[str | None, ...] = ()
+) -> list[str]:
+    """Before launch: the ``blocker`` reasons (and the mechanism's ``own``) that the configuration alone fixes for
+    every call of a ``backend=triton`` mechanism ``cls`` (``params`` its settings, ``selection`` an
+    ``xfam.compat.Selection``), phrased as ``choose`` refuses them once training has started."""
+    if params.get("backend") != "triton":
+        return []
+    name, whys = cls.registry_name, [w for w in own if w]
+    if params.get("dropout"):
+        whys.append("attention dropout (the kernel has none)")
+    if selection.num_mem_kv and cls.accepts_persistent_kv:  # (otherwise compat refuses num_mem_kv itself)
+        whys.append("persistent keys (model.num_mem_kv) are not in the kernel")
+    return [
+        f"attention={name} backend=triton cannot compute this model's calls: {why}. Fix: attention.backend=auto "
+        f"(the Triton kernel where it applies, {fallback} elsewhere) or attention.backend={fallback}."
+        for why in whys
+    ]
+
+
 def choose(
     name: str,
     backend: str,

@@ -544,6 +544,13 @@ class KernelAttention(AttentionMechanism):
     # -- validation -------------------------------------------------------------------------------
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        chunk = params.get("chunk")
+        if params.get("backend") == "triton" and isinstance(chunk, int) and (chunk < 16 or chunk & (chunk - 1)):
+            return [  # (as ``_kernel`` refuses it in the first step)
+                f"attention={cls.registry_name} backend=triton: chunk={chunk}, and the Triton kernel takes chunks "
+                f"that are powers of two >= 16 (its tl.dot tiles). Fix: attention.chunk=16 (or 32, 64, ...), or "
+                f"attention.backend=auto (the PyTorch chunked path takes any chunk)."
+            ]
         if params.get("backend") == "triton" and (not selection.causal or params.get("features") == "exact"):
             return [
                 f"attention={cls.registry_name} backend=triton is the causal chunked path as a kernel; this model "

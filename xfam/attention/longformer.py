@@ -159,12 +159,13 @@ class Longformer(SparseMechanism):
 
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        out = super().refusals(params, selection)
         if params.get("global_tokens") and selection.has_memory:
-            return [
+            out.append(
                 "attention=longformer: global_tokens are positions of the input, but with memory in front of "
                 "each segment they would name memory slots. Fix: attention.global_tokens=[] or memory=none."
-            ]
-        return []
+            )
+        return out
 
     @classmethod
     def exact_params(cls, seq_len: int) -> dict[str, Any]:

@@ -122,4 +122,4 @@ class Vanilla(AttentionMechanism):
                 "attention=vanilla backend=triton: the Triton kernel has no attention dropout. "
                 "Fix: attention.dropout=0, or attention.backend=auto (sdpa while dropout is on)."
             )
-        return out
+        return out + fused.triton_refusals(cls, {"backend": backend}, selection, "sdpa")

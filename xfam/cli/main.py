@@ -16,10 +16,31 @@ Options are given as ``key=value`` (like train.py) or ``--key value``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-from xfam.errors import ConfigError
+from xfam.errors import ConfigError, close_matches
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with xfam's error format: one line naming the problem and the fix, exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"xfam: error: {self.prog}: {message}. Fix: {self._fix(message)}\n")
+
+    def _fix(self, message: str) -> str:
+        words = self.prog.split()[1:]
+        if not words and ("required" in message or "invalid choice" in message):
+            return "name a command: xfam {list,eval,generate,calibrate,knnlm} (`xfam --help` describes each)."
+        if words == ["knnlm"] and ("required" in message or "invalid choice" in message):
+            return "name a step: xfam knnlm build ... or xfam knnlm eval ... (`xfam knnlm --help`)."
+        if "required" in message:
+            example = " ".join(["xfam", *words, "ckpt=runs/<name>/<run>/checkpoints/last.ckpt"])
+            return f"pass every required option as key=value, e.g. {example} (`{self.prog} --help` lists them)."
+        return f"options are key=value (or --key value) with the values `{self.prog} --help` lists for each."
 
 
 def _kv_args(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -45,9 +66,7 @@ EXIT_HELP = "inference options of an early-exit policy, e.g. exit.threshold=0.8 
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
-        prog="xfam", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog="xfam", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{list,eval,generate,calibrate,knnlm}")
 
     p = sub.add_parser("list", help="components, their parameters and capabilities, compatibility")
@@ -104,6 +123,105 @@ def _nested(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParse
     return dict(found[0].choices) if found else {}
 
 
+def _at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: v >= low
+
+
+def _finite(ok: Callable[[float], bool]) -> Callable[[Any], bool]:
+    return lambda v: math.isfinite(v) and ok(v)
+
+
+POSITIVE = ("an integer >= 1", _at_least(1))
+#: Numeric options of each command: option -> (the valid values in words, the test, an example).
+OPTIONS: dict[str, dict[str, tuple[str, Callable[[Any], bool], str]]] = {
+    "eval": {"batch_size": (*POSITIVE, "8"), "limit": (*POSITIVE, "10")},
+    "generate": {
+        "max_new_tokens": (*POSITIVE, "200"),
+        "num_samples": (*POSITIVE, "1"),
+        "temperature": ("a number >= 0 (0: greedy)", _finite(lambda v: v >= 0), "0.8"),
+        "top_k": ("an integer >= 0 (0: off)", _at_least(0), "0"),
+        "top_p": ("a number in (0, 1] (1: off)", _finite(lambda v: 0 < v <= 1), "0.9"),
+        "knnlm_k": (*POSITIVE, "1024"),
+        "knnlm_lambda": ("a number in [0, 1]", _finite(lambda v: 0 <= v <= 1), "0.25"),
+        "knnlm_temperature": ("a number > 0", _finite(lambda v: v > 0), "1.0"),
+    },
+    "calibrate": {
+        "delta": ("a number in (0, 1)", _finite(lambda v: 0 < v < 1), "0.1"),
+        "epsilon": ("a number in (0, 1)", _finite(lambda v: 0 < v < 1), "0.05"),
+        "tolerance": ("a number >= 0", _finite(lambda v: v >= 0), "0.02"),
+        "batch_size": (*POSITIVE, "8"),
+        "limit": (*POSITIVE, "10"),
+    },
+    "knnlm build": {"batch_size": (*POSITIVE, "8"), "limit": (*POSITIVE, "10")},
+    "knnlm eval": {"batch_size": (*POSITIVE, "8"), "limit": (*POSITIVE, "10")},  # k, lambda, temperature: below
+}
+
+
+def option_problems(args: argparse.Namespace) -> list[str]:
+    """Every out-of-range option of a parsed ``xfam`` command line, and a checkpoint or device that cannot be
+    used: found before any checkpoint is loaded (the options' types are argparse's)."""
+    command = args.command + (f" {args.step}" if args.command == "knnlm" else "")
+    values = vars(args)
+    out = []
+    for key, (valid, ok, example) in OPTIONS.get(command, {}).items():
+        value = values.get(key)
+        if value is not None and not ok(value):
+            out.append(f"xfam {command}: {key}={value}: must be {valid}. Fix: a valid value, e.g. {key}={example}.")
+    for word in values.get("overrides") or []:  # (exit.KEY=VALUE words: checked against the checkpoint's policy)
+        if not word.startswith("exit."):
+            key = word.partition("=")[0].lstrip("-")
+            parser = build_parser()[1][command]
+            known = sorted(a.dest for a in parser._actions if a.dest not in ("help", "overrides"))
+            near = close_matches(key, known)
+            hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+            out.append(
+                f"xfam {command}: {word!r} is neither an option nor an early-exit model's inference option (expected "
+                f"exit.KEY=VALUE, e.g. exit.threshold=0.8).{hint} Valid options: {', '.join(known)}. "
+                f"Fix: use one of them (`xfam {command} --help`)."
+            )
+    if command == "knnlm eval":  # kNN-LM's own check, before the checkpoint and the datastore are read
+        from xfam.knnlm.interpolate import check_knn_options
+
+        try:
+            check_knn_options(args.k, values["lambda"], args.temperature)
+        except ConfigError as err:
+            out += [f"xfam knnlm eval: {p}" for p in err.problems]
+    if command == "calibrate" and args.thresholds:
+        try:
+            [float(v) for v in args.thresholds.split(",")]
+        except ValueError:
+            out.append(
+                f"xfam calibrate: thresholds={args.thresholds!r}: expected comma-separated numbers. "
+                f"Fix: thresholds=0.9,0.8,0.7 (or leave it out for the policy's default grid)."
+            )
+    ckpt = values.get("ckpt")
+    if ckpt is not None and not os.path.isfile(ckpt):
+        what = "is a folder" if os.path.isdir(ckpt) else "does not exist"
+        out.append(
+            f"xfam {command}: ckpt={ckpt!r} {what}. Fix: pass the path of a .ckpt file, e.g. "
+            f"ckpt=runs/<name>/<run>/checkpoints/last.ckpt."
+        )
+    if (device := values.get("device")) is not None:
+        out += _device_problems(command, device)
+    return out
+
+
+def _device_problems(command: str, device: str) -> list[str]:
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        return [
+            f"xfam {command}: device={device!r} is not a device name. Fix: device=cpu, or device=cuda (cuda:1 ...)."
+        ]
+    if kind == "cuda" and not torch.cuda.is_available():
+        return [f"xfam {command}: device={device!r}, and this machine has no CUDA GPU. Fix: device=cpu."]
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return [f"xfam {command}: device={device!r}, and this machine has no MPS device. Fix: device=cpu."]
+    return []
+
+
 def main(argv: list[str] | None = None) -> None:
     parser, subparsers = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -116,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     debug = os.environ.get("XFAM_DEBUG") == "1"
     try:
+        if problems := option_problems(args):
+            raise ConfigError(problems)
         if args.command == "list":
             from xfam.cli.listing import listing, markdown_table
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import netrc
+import dataclasses
 import os
 import secrets
 import sys
@@ -13,6 +13,7 @@ import lightning as L
 from lightning.pytorch import callbacks as cb
 from lightning.pytorch import loggers
 
+from xfam.errors import ConfigError
 from xfam.lit.callbacks import LogProgress, LossCurve, MatmulPrecision, StepProgressBar, Throughput
 from xfam.lit.checkpoint import AtomicCheckpointIO
 from xfam.lit.nonfinite import NonFiniteGuard
@@ -20,33 +21,31 @@ from xfam.lit.preempt import Preemption, cluster_plugins
 from xfam.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
 from xfam.lit.step_checkpoint import StepCheckpoint
 from xfam.logs import log, quiet_lightning
-from xfam.specs import CallbacksSpec, LoggerSpec
+from xfam.specs import CallbacksSpec, LoggerSpec, wandb_credentials, wandb_online_problem
 
 
 def wandb_mode(spec: LoggerSpec) -> tuple[str, str]:
-    """The wandb mode to use and why (``auto``: online only with credentials)."""
+    """The wandb mode to use and why (``auto``: online only with credentials); online without credentials is
+    refused (``ConfigError``), as before launch (``xfam.config.check_machine``)."""
+    if (why := wandb_online_problem(dataclasses.asdict(spec))) is not None:
+        raise ConfigError(why)
     if spec.mode != "auto":
         return spec.mode, "set by logger.mode"
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"], "set by WANDB_MODE"
-    if os.environ.get("WANDB_API_KEY"):
-        return "online", "WANDB_API_KEY is set"
-    try:
-        if netrc.netrc().authenticators("api.wandb.ai"):
-            return "online", "credentials found in ~/.netrc"
-    except (OSError, netrc.NetrcParseError):
-        pass
+    if (found := wandb_credentials()) is not None:
+        return "online", found
     return "offline", "no wandb credentials (WANDB_API_KEY or ~/.netrc); sync later with `wandb sync`"
 
 
 def make_loggers(spec: LoggerSpec, run_dir: Path, name: str, resume_step: int = 0) -> list[Any]:
     """CSV (always) and the chosen logger. ``resume_step``: the step training continues from (0 when it
     starts from scratch); the CSV and TensorBoard records are continued from there, each step once."""
+    mode, why = wandb_mode(spec) if spec.name == "wandb" else (None, "")  # (a refusal before any logger exists)
     out: list[Any] = [ContinuedCSVLogger(run_dir, resume_step)]
     if spec.name == "tensorboard":
         out.append(ContinuedTensorBoardLogger(run_dir, resume_step))
     elif spec.name == "wandb":
-        mode, why = wandb_mode(spec)
         log.info("wandb: mode %s (%s)", mode, why)
         id_file = run_dir / "wandb_id.txt"  # a resumed run continues the same wandb run
         if not id_file.exists():

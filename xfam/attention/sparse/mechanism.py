@@ -15,6 +15,11 @@ from xfam.attention.sparse.pattern import SparsePattern
 from xfam.pos.base import ScoreBias, ScoreModifier
 
 
+def _tileable(block: int) -> bool:
+    """Whether the flash kernel tiles ``block`` (Triton's tl.dot: a power of two >= 16)."""
+    return block >= 16 and block & (block - 1) == 0
+
+
 class SparseMechanism(AttentionMechanism):
     """Attention restricted to ``self.pattern``; subclasses build the pattern from their parameters.
 
@@ -55,7 +60,7 @@ class SparseMechanism(AttentionMechanism):
         applies, else ``fallback``); a subclass with its own fast path runs it when ``fallback`` is chosen."""
         p = self.dropout if self.training else 0.0
         b = pattern.block
-        odd = None if b >= 16 and b & (b - 1) == 0 else f"block {b} (the kernel tiles powers of two >= 16)"
+        odd = None if _tileable(b) else f"block {b} (the kernel tiles powers of two >= 16)"
         path = fused.choose(self.registry_name, self.backend, fallback, q, mask, bias, p, modifier, odd)
         if path == "dense":
             return dense_sparse_attention(q, k, v, pattern, mask, bias, p)
@@ -64,6 +69,14 @@ class SparseMechanism(AttentionMechanism):
         if path == "block":
             return block_sparse_attention(q, k, v, pattern, mask, bias, p)
         return self.fast_path(path, pattern, q, k, v, mask, bias, p)
+
+    @classmethod
+    def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
+        """``backend=triton`` with a ``block`` the flash kernel cannot tile, attention dropout or persistent keys
+        (found in the first training step otherwise). A subclass's own refusals add to these."""
+        b = params.get("block")
+        odd = f"block {b} (the kernel tiles powers of two >= 16)" if isinstance(b, int) and not _tileable(b) else None
+        return fused.triton_refusals(cls, params, selection, cls.backends[0], (odd,))
 
     def fast_path(
         self, path: str, pattern: SparsePattern, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, bias: Any, p: float
