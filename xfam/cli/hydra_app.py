@@ -4,11 +4,13 @@
 combination of a sweep, up to a limit) and validates each with xfam, so an unknown option, an
 unknown key or an incompatible combination is reported in one clear message before any job
 starts or any directory is created; so is a trainer this machine cannot run (``trainer=fsdp``
-without a GPU), unless the jobs go to a cluster (``hydra/launcher=...``). In a sweep, jobs that
-are individually invalid (e.g. one attention x pos pair that cannot combine) do not stop the
-others: they are announced, then recorded as skipped with their reason, and a job that fails
-while training is recorded as failed; the sweep summary lists both (``xfam.hydra_callbacks``) and
-the command exits 1 if any job failed.
+without a GPU), unless the jobs go to a cluster (``hydra/launcher=...``). It reads Hydra's flags as
+Hydra does (``-m``, ``--config-dir DIR``, ``-cn NAME``) and composes with the same config search path
+(a user's own config folder included); an override Hydra cannot parse is named with the grammar. In a
+sweep, jobs that are individually invalid (e.g. one attention x pos pair that cannot combine, or a key
+only some jobs' components have) do not stop the others: they are announced, then recorded as
+skipped with their reason, and a job that fails while training is recorded as failed; the sweep
+summary lists both (``xfam.hydra_callbacks``) and the command exits 1 if any job failed.
 """
 
 from __future__ import annotations
@@ -71,13 +73,15 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("xfam_dirname", dirname)
 
 
-def config_groups() -> dict[str, list[str]]:
-    """xfam's config groups and their options (from configs/)."""
-    return {
-        d.name: sorted(p.stem for p in d.glob("*.yaml"))
-        for d in sorted(CONFIG_DIR.iterdir())
-        if d.is_dir() and d.name != "hydra"
-    }
+def config_groups(dirs: list[Path] | None = None) -> dict[str, list[str]]:
+    """Config groups and their options: configs/'s, or those of every folder of ``dirs`` (a config
+    search path: the primary config folder, then a ``--config-dir``), merged."""
+    groups: dict[str, set[str]] = {}
+    for root in dirs or [CONFIG_DIR]:
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            if d.is_dir() and d.name != "hydra" and (options := {p.stem for p in d.glob("*.yaml")}):
+                groups.setdefault(d.name, set()).update(options)
+    return {group: sorted(options) for group, options in sorted(groups.items())}
 
 
 def _job_overrides(args: list[str]) -> list[list[str]] | None:
@@ -100,11 +104,118 @@ def _job_overrides(args: list[str]) -> list[list[str]] | None:
     return jobs[:MAX_PRECHECK_JOBS]
 
 
-def _group_problems(args: list[str]) -> tuple[list[str], list[str]]:
-    """Unknown config-group options, and the overrides that remain once those are dropped."""
+#: Hydra's override grammar, for the fix of an override it cannot parse.
+GRAMMAR = (
+    "an override is key=value (model.dim=64), group=option (pos=alibi), +key=value (a new key), ++key=value "
+    "(add or set) or ~key (remove); quote one with spaces, brackets or braces for the shell ('data.paths=[a, b]', "
+    "'+attention.per_layer={-1: {dropout: 0.1}}'); Hydra's flags (-m, --config-dir DIR): python train.py --hydra-help"
+)
+
+
+def hydra_args(args: list[str]) -> Any:
+    """``args`` parsed as Hydra parses them (its flags: ``-m``, ``--config-dir DIR``, ``-cn NAME``, ...;
+    ``.overrides``: the rest); raises ConfigError where Hydra would stop with its usage."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def error(message: str) -> None:
+        where = "; put them before or after the overrides, not between" if "unrecognized" in message else ""
+        raise ConfigError(
+            f"{message}. Fix: python train.py --hydra-help lists Hydra's flags (-m, --config-dir DIR, "
+            f"--config-name NAME, --cfg job, ...){where}; everything else is an override, key=value."
+        )
+
+    parser.error = error  # type: ignore[method-assign]  # (argparse would print the usage and exit)
+    return parser.parse_args(args)
+
+
+def _search_path(flags: Any) -> tuple[Any, list[Path]]:
+    """The config search path Hydra's main() builds for these flags (``--config-path``, ``--config-dir``)
+    and its folders, primary first."""
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    config_path = flags.config_path if flags.config_path is not None else "configs"  # train.py's
+    search_path = create_automatic_config_search_path(str(CONFIG_DIR.parent / "train.py"), None, config_path)
+    if flags.config_dir is not None:
+        extra = os.path.abspath(flags.config_dir)
+        if not os.path.isdir(extra):
+            raise ConfigError(
+                f"--config-dir {flags.config_dir}: no such folder ({extra}). Fix: give the folder that holds your "
+                f"config groups (e.g. my_configs with my_configs/experiment/mine.yaml), relative to this directory."
+            )
+        search_path.prepend(provider="command-line", path=f"file://{extra}", anchor=SearchPathQuery(provider="schema"))
+    dirs = [
+        Path(e.path.removeprefix("file://"))
+        for e in search_path.get_path()
+        if e.provider in ("main", "command-line") and not e.path.startswith("pkg://")
+    ]
+    if not dirs or not dirs[0].is_dir():
+        raise ConfigError(
+            f"--config-path {flags.config_path}: no such folder ({dirs[0] if dirs else flags.config_path}; a "
+            f"relative path is relative to train.py's folder). Fix: give an existing folder, or add your "
+            f"configs to the repository's with --config-dir DIR."
+        )
+    return search_path, dirs
+
+
+def _shadowed(dirs: list[Path]) -> list[str]:
+    """Files of a ``--config-dir`` that Hydra never reads: the primary folder's file of that name wins."""
+    return [
+        f"{extra / rel}: configs of this name are read from {dirs[0] / rel}, so yours is never used. "
+        f"Fix: rename yours (e.g. {rel.parent / ('my_' + rel.name)}) and select it by that name."
+        for extra in dirs[1:]
+        for rel in sorted(p.relative_to(extra) for p in extra.glob("*/*.yaml"))
+        if (dirs[0] / rel).is_file()
+    ]
+
+
+def _syntax_problems(overrides: list[str]) -> list[str]:
+    """One problem per override Hydra's grammar cannot parse: the override, Hydra's reason, the fix."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser, problems = OverridesParser.create(), []
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as err:
+            lines = str(err).splitlines()
+            why = " ".join(s for s in lines if not s.startswith(("See https://", "Error parsing override")))
+            why = " ".join(why.replace("^", "").split())  # (Hydra's lexer errors point with ^)
+            fixed = _unquoted_keys(override)
+            fix = f"Hydra reads dict keys without quotes: write {shlex.quote(fixed)}" if fixed else GRAMMAR
+            problems.append(f"override {override!r}: Hydra cannot parse it ({why}). Fix: {fix}.")
+    return problems
+
+
+def _unquoted_keys(override: str) -> str | None:
+    """``override`` with its quoted dict keys unquoted (``{"-1": ...}`` as YAML writes it, ``{-1: ...}`` as
+    Hydra's grammar does), a ``per_layer`` key added with ``+`` (the slot YAMLs do not hold it); None
+    when that does not parse either."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    fixed = re.sub(r"""([{,]\s*)(["'])([^"',:{}\[\]]*)\2(\s*:)""", r"\1\3\4", override)
+    key = fixed.split("=", 1)[0]
+    if key.split(".")[-1] == "per_layer" and not key.startswith(("+", "~")):
+        fixed = "+" + fixed
+    try:
+        OverridesParser.create().parse_overrides([fixed])
+    except OverrideParseException:
+        return None
+    return fixed if fixed.lstrip("+") != override.lstrip("+") else None
+
+
+def _group_problems(args: list[str], groups: dict[str, list[str]] | None = None) -> tuple[list[str], list[str]]:
+    """Unknown config-group options (of ``groups``: configs/'s by default), and the overrides that remain
+    once those are dropped."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    groups = config_groups()
+    groups = groups if groups is not None else config_groups()
     problems, kept = [], []
     for ov in OverridesParser.create().parse_overrides(overrides=args):
         group = ov.key_or_group.lstrip("+~")
@@ -127,6 +238,17 @@ def _unknown_key(err: Exception) -> str | None:
     return None
 
 
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=")[0]
+
+
+def force_keys(job: list[str], keys: list[str] | set[str]) -> list[str]:
+    """``job`` with its plain overrides of ``keys`` written ``++key=value`` (set even where the config
+    has no such key). A sweep launches a job whose component lacks a key another job's has (``-m
+    pos=rope,alibi pos.rotary_dim=8``) so: its run then refuses the key and it is recorded as skipped."""
+    return ["++" + o if _override_key(o) in keys and not o.startswith(("+", "~")) else o for o in job]
+
+
 def _key_problem(key: str, base: dict[str, Any]) -> str:
     section, _, leaf = key.rpartition(".")
     node: Any = base
@@ -142,35 +264,78 @@ def _key_problem(key: str, base: dict[str, Any]) -> str:
     )
 
 
-def _compose(compose: Any, job: list[str]) -> tuple[Any, list[str]]:
-    """Compose ``job``, dropping (and reporting) overrides of keys that do not exist; the valid keys
-    named are those of the config the rest of the job selects (e.g. ``attention=local``'s)."""
-    unknown = []
+def _compose_problem(err: Exception) -> str:
+    """Hydra's composition error as one problem; a config file that is not YAML by its name and line."""
+    import yaml
+
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, yaml.YAMLError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, yaml.MarkedYAMLError) and cause.problem_mark is not None:
+        mark, text = cause.problem_mark, " ".join(str(cause).split())
+        tabs = " (YAML indents with spaces: replace the tabs)" if "'\\t'" in text else ""
+        return f"{mark.name}, line {mark.line + 1}: not valid YAML: {text}. Fix: correct that file{tabs}."
+    text = str(cause if cause is not None else err).strip()
+    fix = "check the override against `python train.py --help`."
+    if text.startswith("Cannot find primary config"):
+        fix = "--config-name NAME selects NAME.yaml of the primary config folder (train, the default)."
+    return f"{text}\nFix: {fix}" if "\n" in text else f"{text}. Fix: {fix}"
+
+
+def _package_problems(cfg: Any, groups: dict[str, list[str]]) -> list[str]:
+    """A config group's keys at the top of ``cfg``: a selected file (an experiment) that lacks its
+    ``# @package _global_`` line, so its keys land under the group's name."""
+    from xfam.config import SECTIONS
+
+    return [
+        f"{group}: the selected file's keys are under '{group}.' (the file lacks the line '# @package _global_'),"
+        f" so they change nothing. Fix: make '# @package _global_' that file's first line (see "
+        f"configs/experiment/listops.yaml)."
+        for group in groups
+        if group in cfg and group not in SECTIONS
+    ]
+
+
+def _compose(compose: Any, config_name: str, job: list[str]) -> tuple[Any, dict[str, str], list[str]]:
+    """Compose ``job``, dropping overrides of keys that do not exist: the config, the problem of each such
+    key (the valid keys named are those of the config the rest of the job selects, e.g.
+    ``attention=local``'s), and Hydra's other composition errors (then no config)."""
+    unknown: list[str] = []
     for _ in range(len(job) + 1):
         try:
-            cfg = compose("train", overrides=job)
+            cfg = compose(config_name, overrides=job)
         except Exception as err:  # Hydra's composition errors
             key = _unknown_key(err)
-            if key is None:
-                return None, [f"{err}. Fix: check the override against `python train.py --help`."]
+            if key is None or not any(_override_key(o) == key for o in job):
+                return None, {}, [_compose_problem(err)]
             unknown.append(key)
-            job = [o for o in job if o.lstrip("+~").split("=")[0] != key]
+            job = [o for o in job if _override_key(o) != key]
             continue
         plain = OmegaConf.to_container(cfg, resolve=False)
-        return cfg, [_key_problem(key, plain) for key in unknown]
-    return None, []
+        return cfg, {key: _key_problem(key, plain) for key in unknown}, []
+    return None, {}, []
 
 
 def precheck(args: list[str]) -> None:
-    """Validate every job of a command line (overrides in ``args``); raises ConfigError. In a sweep of
-    several jobs, jobs invalid on their own are only announced (they will be skipped) unless all are."""
-    from hydra import compose, initialize_config_dir
+    """Validate every job of a command line (``args``: Hydra's flags and the overrides); raises
+    ConfigError. In a sweep of several jobs, jobs invalid on their own (also a key only some jobs'
+    components have) are only announced (they will be skipped) unless all are. Writes nothing."""
+    from hydra import compose, version
+    from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
 
     from xfam.config import check_machine, validate
 
-    problems, overrides = _group_problems([a for a in args if not a.startswith("-")])
-    launcher = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("hydra/launcher=")]
+    flags = hydra_args(args)
+    search_path, dirs = _search_path(flags)
+    config_name = flags.config_name or "train"
+    problems = _syntax_problems(flags.overrides)
+    if problems:  # nothing else can be read from these
+        raise ConfigError(problems)
+    groups = config_groups(dirs)
+    problems, overrides = _group_problems(flags.overrides, groups)
+    problems = _shadowed(dirs) + problems
+    launcher = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("hydra/launcher=")]
     here = launcher in ([], ["basic"])  # jobs run on this machine (not on a cluster's nodes)
     job_problems: list[str] = []  # problems of single jobs of a sweep
     jobs = _job_overrides(overrides)
@@ -180,23 +345,40 @@ def precheck(args: list[str]) -> None:
     register_resolvers()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            for job in jobs:
-                cfg, compose_problems = _compose(compose, job)
-                problems += compose_problems
-                if cfg is None:
-                    continue
+        version.setbase("1.3")
+        Hydra.create_main_hydra2(task_name="train", config_search_path=search_path)  # as train.py's main()
+        composed = [_compose(compose, config_name, job) for job in jobs]
+        everywhere = set.intersection(*(set(unknown) for _, unknown, _ in composed))  # refused in every job
+        refused: dict[str, dict[str, list[str]]] = {}  # key unknown in every job: its problem -> jobs' labels
+        for job, (cfg, unknown, errors) in zip(jobs, composed):
+            label = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
+            problems += errors
+            for key in everywhere:
+                refused.setdefault(key, {}).setdefault(unknown[key], []).append(label)
+            if cfg is None:
+                continue
+            if some := set(unknown) - everywhere:  # composed as the sweep launches it (see force_keys)
                 try:
-                    plain = OmegaConf.to_container(cfg, resolve=True)
-                    validate(plain)
-                    if here:
-                        check_machine(plain)
-                except ConfigError as err:
-                    label = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
-                    (job_problems if len(jobs) > 1 else problems).extend(label + p for p in err.problems)
+                    kept = [o for o in job if _override_key(o) not in everywhere]
+                    cfg = compose(config_name, overrides=force_keys(kept, some))
+                except Exception as err:
+                    job_problems.append(label + _compose_problem(err))
                     bad_jobs.add(tuple(job))
+                    continue
+            try:
+                plain = resolved(cfg)
+                if stray := _package_problems(plain, groups):
+                    raise ConfigError(stray)
+                validate(plain)
+                if here:
+                    check_machine(plain)
+            except ConfigError as err:
+                (job_problems if len(jobs) > 1 else problems).extend(label + p for p in err.problems)
+                bad_jobs.add(tuple(job))
     finally:
         GlobalHydra.instance().clear()
+    for texts in refused.values():  # once, or per job where the jobs' valid keys differ
+        problems += [(label if len(texts) > 1 else "") + t for t, labels in texts.items() for label in labels[:1]]
     if problems or (job_problems and len(bad_jobs) == len(jobs)):
         raise ConfigError(list(dict.fromkeys(problems + job_problems)))
     if job_problems:  # (before Hydra configures logging: printed)
@@ -206,6 +388,22 @@ def precheck(args: list[str]) -> None:
             f"\n  {listed}",
             file=sys.stderr,
         )
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg`` as a plain dict with every interpolation resolved; one that cannot be (``model.dim=${oops}``,
+    a resolver's error) is a ConfigError naming the key."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "a value"
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(
+            f"{key}: its interpolation cannot be resolved ({why}). Fix: refer to a key that exists (e.g. "
+            f"${{model.dim}}), or quote a value meant literally (key='\\${{...}}')."
+        ) from None
 
 
 def report(err: ConfigError, debug: bool) -> None:
@@ -265,16 +463,20 @@ def run_job(cfg: DictConfig) -> Any:
 
 def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> Any:
     """One job of a sweep: its ``status.json`` (ok, skipped by validation or failed in training, the
-    reason, the job's overrides) is read by the sweep summary; a job that does not finish never stops
-    the others."""
+    reason, the job's overrides as a list) is read by the sweep summary; a job that does not finish
+    never stops the others."""
     import json
     import traceback
 
+    from xfam.lit.checkpoint import DiskFullError
     from xfam.runner import train
 
     status: dict[str, Any] = {"status": "ok"}
     try:
         metrics = train(plain, run_dir)
+    except DiskFullError as err:  # one line like a config problem, but the job did not run: failed, not skipped
+        status = {"status": "failed", "reason": str(err)}
+        FAILED_JOBS.append(run_dir.name)
     except ConfigError as err:
         status = {"status": "skipped", "reason": str(err)}
     except Exception as err:  # a job failing in training: the others still run
@@ -282,7 +484,7 @@ def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> An
         log.error("job %s failed:\n%s", run_dir.name, traceback.format_exc())
         FAILED_JOBS.append(run_dir.name)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "status.json").write_text(json.dumps({**status, "overrides": " ".join(overrides)}, indent=1))
+    (run_dir / "status.json").write_text(json.dumps({**status, "overrides": overrides}, indent=1))
     metric = plain.get("optimized_metric")
     if status["status"] != "ok":
         log.warning("job %s %s: %s", run_dir.name, status["status"], status["reason"])
@@ -294,15 +496,15 @@ def main(task: Any) -> None:
     """Entry point of train.py: pre-launch check, then Hydra."""
     args = sys.argv[1:]
     register_resolvers()
-    if not any(
-        a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion")
-        or a.startswith(("--cfg", "--info"))
-        for a in args
-    ):
-        try:
+    try:
+        flags = hydra_args(args) if "--version" not in args else None
+        shows = flags is None or any(  # commands that only show something: Hydra's own checks
+            getattr(flags, f) for f in ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")
+        )
+        if not shows:
             precheck(args)
-        except ConfigError as err:
-            report(err, debug_requested(args))
+    except ConfigError as err:
+        report(err, debug_requested(args))
     task()
     if FAILED_JOBS:
         print(f"xfam: {len(FAILED_JOBS)} job(s) of the sweep failed: {', '.join(FAILED_JOBS)}", file=sys.stderr)
