@@ -55,6 +55,7 @@ def test_skip_drops_the_step_counts_it_and_trains_on(corpus: Path, tmp_path: Pat
     nan = NaNGradient({2, 5})
     metrics = train(cfg, tmp_path, callbacks=[nan])
     assert metrics["step"] == 8 and math.isfinite(metrics["val/loss"])
+    assert metrics["train/nonfinite_skipped"] == 2  # reported at the end (metrics.json)
     for step in (2, 5):  # the skipped steps left every parameter exactly as it was
         assert all(torch.equal(a, b) for a, b in zip(nan.before[step], nan.after[step], strict=True)), step
     rows = [r for f in tmp_path.glob("logs/*/metrics.csv") for r in csv.DictReader(f.read_text().splitlines())]

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -188,3 +189,29 @@ def test_a_memory_run_resumed_at_an_epoch_end_starts_the_next_epochs_streams_afr
     train(compose_cfg(overrides), tmp_path / "whole")
     resumed = resumed_losses(overrides, tmp_path / "whole" / "checkpoints" / name(epoch), tmp_path / "resumed")
     assert resumed == {s: v for s, v in step_losses(tmp_path / "whole").items() if s >= epoch}
+
+
+class RequestStop(L.Callback):
+    """Asks Lightning to stop after ``step`` optimizer steps (as early stopping does)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def test_a_stop_requested_off_the_period_still_leaves_last_at_the_final_step(corpus: Path, tmp_path: Path) -> None:
+    cfg = compose_cfg([*TINY, *text_data(corpus), "trainer.max_steps=20", "callbacks.every_n_steps=4"])
+    assert train(cfg, tmp_path, callbacks=[RequestStop(6)])["step"] == 6
+    assert ckpt_step(tmp_path / "checkpoints" / "last.ckpt") == 6
+    assert sorted(p.name for p in tmp_path.glob("checkpoints/step-*")) == [name(4), name(6)]
+
+
+@pytest.mark.slow
+def test_a_run_sized_in_epochs_ends_with_last_at_its_final_step(epoch: int, corpus: Path, tmp_path: Path) -> None:
+    cfg = compose_cfg([*run(corpus, epoch), "trainer.max_steps=-1", "trainer.max_epochs=2"])
+    assert train(cfg, tmp_path)["step"] == 2 * epoch
+    assert ckpt_step(tmp_path / "checkpoints" / "last.ckpt") == 2 * epoch
+    assert ckpt_step(tmp_path / "checkpoints" / name(2 * epoch)) == 2 * epoch

@@ -13,7 +13,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
-from tests.integration.test_train import StopAt
+from tests.integration.test_train import stop_at
 from xfam.errors import ConfigError
 from xfam.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
 from xfam.runner import train
@@ -46,15 +46,15 @@ def tb_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 @pytest.fixture(scope="module")
 def runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """An uninterrupted run, and the same run stopped twice (after steps 6 and 10: checkpoints at 4 and
-    8, steps logged after each, and a validation at each stop that the uninterrupted run does not have)
-    and resumed twice with ``ckpt_path=auto``."""
+    """An uninterrupted run, and the same run killed twice (after steps 6 and 10: checkpoints at 4 and
+    8, steps logged after each, which the resumed run trains and logs again) and resumed twice with
+    ``ckpt_path=auto``."""
     whole, split = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("split")
     cfg = compose_cfg([*TINY, *text_data(corpus), *RUN])
     train(cfg, whole)
-    train({**cfg, "callbacks": {**cfg["callbacks"], "lr_monitor": False}}, split, callbacks=[StopAt(6)])
+    stop_at(6, {**cfg, "callbacks": {**cfg["callbacks"], "lr_monitor": False}}, split)
     assert max(per_step(csv_rows(split), "train/loss")) == 5
-    train({**cfg, "ckpt_path": "auto"}, split, callbacks=[StopAt(10)])
+    stop_at(10, {**cfg, "ckpt_path": "auto"}, split)
     assert max(per_step(csv_rows(split), "train/loss")) == 9
     train({**cfg, "ckpt_path": "auto"}, split)
     return whole, split
@@ -64,7 +64,7 @@ def test_csv_log_of_a_resumed_run_has_every_step_once(runs: tuple[Path, Path]) -
     whole, split = (csv_rows(d) for d in runs)
     assert sorted(per_step(whole, "train/loss")) == list(range(12))
     assert per_step(split, "train/loss") == per_step(whole, "train/loss")
-    assert sorted(per_step(whole, "val/loss")) == [3, 7, 11]  # the stops' validations (5, 9) are gone
+    assert sorted(per_step(whole, "val/loss")) == [3, 7, 11]
     assert per_step(split, "val/loss") == per_step(whole, "val/loss")
     assert list(per_step(split, "test/loss")) == [12]  # only the finished run's test
     # the learning rate, logged only after the first resume: a column added to the file, old rows kept

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
-from tests.integration.test_train import StopAt, step_losses
+from tests.integration.test_train import step_losses, stop_at
 from xfam.runner import train
 
 RUN = ["trainer.max_steps=16", "callbacks.every_n_steps=4", "trainer.val_check_interval=4", "model.dropout=0.1"]
@@ -31,7 +31,7 @@ PERFORMER = ["attention=performer", "attention.num_features=16", "attention.redr
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(stateful, corpus: Path, tmp_path: Path) -> None:
     overrides = [*TINY, *text_data(corpus), *RUN, *stateful]
     whole = train(compose_cfg(overrides), tmp_path / "whole")
-    train(compose_cfg(overrides), tmp_path / "split", callbacks=[StopAt(10)])  # last checkpoint: step 8
+    stop_at(10, compose_cfg(overrides), tmp_path / "split")  # last checkpoint: step 8
     assert max(step_losses(tmp_path / "split")) == 9
     resumed = train(compose_cfg([*overrides, "ckpt_path=auto"]), tmp_path / "split")
     assert len(step_losses(tmp_path / "whole")) == 16
@@ -43,7 +43,7 @@ def test_the_checkpoint_holds_the_memory_and_resume_uses_it(corpus: Path, tmp_pa
     """The saved memory is the per-layer state at the checkpoint; a resume that dropped it (a fresh
     memory) would give different losses, so the equality above is a test of restoring it."""
     overrides = [*TINY, *text_data(corpus), *RUN, *MEMORY]
-    train(compose_cfg(overrides), tmp_path, callbacks=[StopAt(4)])
+    stop_at(5, compose_cfg(overrides), tmp_path)
     ckpt = torch.load(tmp_path / "checkpoints" / "step-0000004.ckpt", weights_only=False)
     (rank,) = ckpt["xfam_resume"]["ranks"]
     memory = [layer["h"] for layer in rank["memory"]["layers"]]

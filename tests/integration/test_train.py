@@ -125,15 +125,27 @@ def test_same_seed_same_losses_and_fresh_start_refused(corpus: Path, tmp_path: P
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "a").rglob("*")} == before  # nothing changed
 
 
+class Killed(Exception):
+    """Stands for the process being killed."""
+
+
 class StopAt(L.Callback):
-    """Stops training after ``step`` optimizer steps, as a preempted job would."""
+    """Kills training after ``step`` optimizer steps, as a SIGKILL would: the steps up to ``step`` are logged,
+    the last checkpoint is the last periodic one, and a resume trains the steps after it again. (A stop that
+    Lightning carries out, ``trainer.should_stop``, ends training and writes the final step's checkpoint.)"""
 
     def __init__(self, step: int):
         self.step = step
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step >= self.step:
-            trainer.should_stop = True
+            raise Killed(f"killed after step {self.step}")
+
+
+def stop_at(step: int, cfg: dict, run_dir: Path) -> None:
+    """Train ``cfg`` in ``run_dir`` until it is killed after ``step`` steps (``StopAt``)."""
+    with pytest.raises(Killed):
+        train(cfg, run_dir, callbacks=[StopAt(step)])
 
 
 def test_resume_is_exact(corpus: Path, tmp_path: Path) -> None:
@@ -149,7 +161,7 @@ def test_resume_is_exact(corpus: Path, tmp_path: Path) -> None:
         "data.batch_size=8",
     ]
     train(compose_cfg(overrides), tmp_path / "whole")
-    train(compose_cfg(overrides), tmp_path / "split", callbacks=[StopAt(22)])  # last checkpoint: step 20
+    stop_at(22, compose_cfg(overrides), tmp_path / "split")  # last checkpoint: step 20
     assert max(step_losses(tmp_path / "split")) == 21
     train(compose_cfg([*overrides, "ckpt_path=auto"]), tmp_path / "split")
     whole, split = step_losses(tmp_path / "whole"), step_losses(tmp_path / "split")

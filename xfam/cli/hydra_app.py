@@ -258,10 +258,11 @@ def _key_problem(key: str, base: dict[str, Any]) -> str:
     near = close_matches(leaf, valid)
     hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
     where = section or "config"
-    return (
-        f"{where}: unknown key {leaf!r}.{hint} Valid keys: {', '.join(valid)}. "
-        f"Fix: use a valid key (or +{key}=... to add one on purpose)."
-    )
+    # Only the schedules are keys a YAML leaves out and a command line adds (xfam.schedule); every other key
+    # is in its section's YAML, and validation refuses any other added one.
+    added = leaf in ("per_layer", "per_head")
+    fix = f"+{key}=... (a schedule is added with +)" if added else "use one of the valid keys"
+    return f"{where}: unknown key {leaf!r}.{hint} Valid keys: {', '.join(valid)}. Fix: {fix}."
 
 
 def _compose_problem(err: Exception) -> str:
