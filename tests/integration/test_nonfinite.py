@@ -111,6 +111,7 @@ def test_max_nonfinite_skips_is_validated(corpus: Path) -> None:
         validate(cfg)
 
 
+@pytest.mark.slow  # a real process; the in-process give-up is tested above, the exit code for stop below
 def test_a_run_that_never_trains_under_skip_exits_non_zero(corpus: Path, tmp_path: Path) -> None:
     args = ["train.py", "name=nf", *TINY, *text_data(corpus), "optim.lr=1e30", "trainer.nonfinite=skip"]
     res = run_cli([*args, "trainer.max_nonfinite_skips=2"], env={"XFAM_RUNS": str(tmp_path)})

@@ -61,6 +61,7 @@ def test_a_per_layer_override_with_a_quoted_key_shows_the_spelling_hydra_reads()
     assert [layer["dropout"] for layer in per_layer(cfg["attention"], 3, "attention")] == [0.0, 0.0, 0.1]
 
 
+@pytest.mark.slow  # real processes; the same paths run in process above
 def test_the_shown_per_layer_spelling_trains(corpus: Path, tmp_path: Path) -> None:
     override = "+attention.per_layer={-1: {dropout: 0.1}}"
     res = run_cli(["train.py", "name=pl", *TINY, *text_data(corpus), override], env={"XFAM_RUNS": str(tmp_path)})
@@ -69,6 +70,7 @@ def test_the_shown_per_layer_spelling_trains(corpus: Path, tmp_path: Path) -> No
     assert "per_layer" in (run / "config.yaml").read_text()
 
 
+@pytest.mark.slow  # real processes; the same paths run in process above
 def test_unparsable_overrides_exit_2_without_a_traceback(tmp_path: Path) -> None:
     for args in (["pos=["], ["foo"], [PER_LAYER_AS_YAML]):
         res = run_cli(["train.py", *args], env={"XFAM_RUNS": str(tmp_path)})
@@ -135,6 +137,7 @@ def test_hydras_other_flags_are_read_as_hydra_reads_them() -> None:
     assert msg.startswith("unrecognized arguments: model.layers=2") and "not between" in msg
 
 
+@pytest.mark.slow  # real processes; the same paths run in process above
 def test_a_users_experiment_trains_with_the_two_word_flag(my_configs: Path, corpus: Path, tmp_path: Path) -> None:
     args = ["-cd", str(my_configs), "experiment=mine", *[a for a in TINY if not a.startswith("model.dim")]]
     res = run_cli(["train.py", *args, *text_data(corpus)], env={"XFAM_RUNS": str(tmp_path / "runs")})
