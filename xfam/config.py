@@ -25,7 +25,7 @@ import xfam.pos  # noqa: F401  (registers every component)
 from xfam import compat, trainer_args
 from xfam.attention.base import ATTENTION
 from xfam.data.base import DATA
-from xfam.errors import ConfigError, close_matches, unknown_choice
+from xfam.errors import ConfigError, did_you_mean, unknown_choice
 from xfam.exit.base import EXIT
 from xfam.memory.base import MEMORY
 from xfam.model.spec import ModelSpec
@@ -93,8 +93,7 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
         elif key in TRAINER_OWNED:
             out.append(f"trainer.{key}: set by xfam from the logger/callbacks groups. Fix: remove it from trainer.")
         elif key not in valid:
-            near = close_matches(key, valid)
-            hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+            hint = did_you_mean(key, valid)
             out.append(f"trainer: unknown key {key!r}.{hint} Valid keys: {', '.join(valid)}. Fix: remove or rename it.")
     out += trainer_args.problems(trainer)  # values and combinations of Lightning's arguments
     valid_precision = not any(p.startswith("trainer.precision") for p in out)
@@ -355,8 +354,7 @@ def _metric_problems(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.
     metric = cfg.get("optimized_metric")
     splits = ("val", "test") if cfg.get("test", True) else ("val",)
     if isinstance(metric, str) and metric not in final and not metric.startswith(aux(*splits)):
-        near = close_matches(metric, final)
-        hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+        hint = did_you_mean(metric, final)
         out.append(
             f"optimized_metric={metric!r} is not a metric this run reports when it ends (the sweeper would get "
             f"nothing after the whole training).{hint} Valid: {', '.join(final)}, or an auxiliary loss "
@@ -372,8 +370,7 @@ def _metric_problems(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.
         and monitor not in logged
         and not monitor.startswith(aux("val", "train"))
     ):
-        near = close_matches(monitor, logged)
-        hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+        hint = did_you_mean(monitor, logged)
         out.append(
             f"callbacks.monitor={monitor!r} is not a metric logged at validation (best.ckpt keeps the lowest "
             f"one; Lightning stops at the first validation without it).{hint} Valid: {', '.join(logged)}. "

@@ -37,9 +37,14 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return found
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` Did you mean 'a' or 'b'?`` for the choices that look like ``word``; empty when none does."""
+    near = close_matches(word, choices)
+    return f" Did you mean {' or '.join(repr(c) for c in near)}?" if near else ""
+
+
 def unknown_choice(what: str, value: object, choices: Iterable[str], fix: str) -> str:
     """Message for a value that is not one of ``choices``: names close matches and every choice."""
     choices = sorted(choices)
-    near = close_matches(str(value), choices)
-    hint = f" Did you mean {' or '.join(repr(c) for c in near)}?" if near else ""
+    hint = did_you_mean(str(value), choices)
     return f"{what}: unknown value {value!r}.{hint} Valid choices: {', '.join(choices)}. Fix: {fix}"

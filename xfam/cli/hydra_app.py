@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from xfam.errors import ConfigError, close_matches, unknown_choice
+from xfam.errors import ConfigError, did_you_mean, unknown_choice
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 MAX_PRECHECK_JOBS = 256
@@ -255,8 +255,7 @@ def _key_problem(key: str, base: dict[str, Any]) -> str:
     for part in section.split(".") if section else []:
         node = node.get(part, {}) if isinstance(node, dict) else {}
     valid = sorted(node) if isinstance(node, dict) else []
-    near = close_matches(leaf, valid)
-    hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+    hint = did_you_mean(leaf, valid)
     where = section or "config"
     # Only the schedules are keys a YAML leaves out and a command line adds (xfam.schedule); every other key
     # is in its section's YAML, and validation refuses any other added one.

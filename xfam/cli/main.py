@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from xfam.errors import ConfigError, close_matches
+from xfam.errors import ConfigError, did_you_mean
 
 
 class Parser(argparse.ArgumentParser):
@@ -172,8 +172,7 @@ def option_problems(args: argparse.Namespace) -> list[str]:
             key = word.partition("=")[0].lstrip("-")
             parser = build_parser()[1][command]
             known = sorted(a.dest for a in parser._actions if a.dest not in ("help", "overrides"))
-            near = close_matches(key, known)
-            hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+            hint = did_you_mean(key, known)
             out.append(
                 f"xfam {command}: {word!r} is neither an option nor an early-exit model's inference option (expected "
                 f"exit.KEY=VALUE, e.g. exit.threshold=0.8).{hint} Valid options: {', '.join(known)}. "
