@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import os
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -69,3 +71,14 @@ def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 300, env: d
     return subprocess.run(
         [sys.executable, *args], cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def flip_a_tensor_bit(path: Path) -> None:
+    """Flip one bit inside the largest tensor's bytes (a bad disk or copy): the zip stores tensors
+    uncompressed and torch.load checks no checksum, so the file still loads, with one wrong value."""
+    with zipfile.ZipFile(path) as z:
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[entry.header_offset + 26 : entry.header_offset + 30])
+    raw[entry.header_offset + 30 + name_len + extra_len + entry.file_size // 2] ^= 0x08
+    path.write_bytes(raw)

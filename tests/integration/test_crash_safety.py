@@ -12,16 +12,14 @@ import logging
 import os
 import random
 import signal
-import struct
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import ROOT, TINY, compose_cfg, text_data
+from tests.integration.helpers import ROOT, TINY, compose_cfg, flip_a_tensor_bit, text_data
 from tests.integration.test_train import step_losses
 from xfam.errors import ConfigError
 from xfam.lit.checkpoint import AtomicCheckpointIO
@@ -104,16 +102,6 @@ def test_auto_falls_back_past_truncated_checkpoints(reference, tmp_path: Path) -
         path.write_bytes(b"garbage")
     with pytest.raises(ConfigError, match="no checkpoint of .* can be read .*Nothing was changed. Fix:"):
         train({**cfg, "ckpt_path": "auto"}, run_dir)
-
-
-def flip_a_tensor_bit(path: Path) -> None:
-    """One bit of the largest tensor flipped, as a bad disk or copy would: the file still loads."""
-    with zipfile.ZipFile(path) as z:
-        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    raw = bytearray(path.read_bytes())
-    name_len, extra_len = struct.unpack("<HH", raw[entry.header_offset + 26 : entry.header_offset + 30])
-    raw[entry.header_offset + 30 + name_len + extra_len + entry.file_size // 2] ^= 0x08
-    path.write_bytes(raw)
 
 
 def test_auto_passes_over_a_checkpoint_changed_after_writing(reference, tmp_path: Path, caplog) -> None:

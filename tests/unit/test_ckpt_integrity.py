@@ -7,13 +7,12 @@ from __future__ import annotations
 import errno
 import logging
 import shutil
-import struct
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.integration.helpers import flip_a_tensor_bit
 from xfam.errors import ConfigError
 from xfam.lit import checkpoint
 from xfam.lit.checkpoint import DIGEST_KEY, AtomicCheckpointIO, DiskFullError, digest
@@ -28,17 +27,6 @@ def xfam_ckpt(dim: int = 32, step: int = 0) -> dict:
         "state_dict": {"model.w": torch.full((256,), 1.25), "model.b": torch.arange(4)},
         "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
     }
-
-
-def flip_a_tensor_bit(path: Path) -> None:
-    """Flip one bit inside the largest tensor's bytes (a bad disk or copy): the zip stores tensors
-    uncompressed and torch.load checks no checksum, so the file still loads, with one wrong value."""
-    with zipfile.ZipFile(path) as z:
-        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    raw = bytearray(path.read_bytes())
-    name_len, extra_len = struct.unpack("<HH", raw[entry.header_offset + 26 : entry.header_offset + 30])
-    raw[entry.header_offset + 30 + name_len + extra_len + entry.file_size // 2] ^= 0x08
-    path.write_bytes(raw)
 
 
 def test_a_bit_flip_in_a_tensor_is_refused_by_every_read(tmp_path: Path) -> None:

@@ -9,11 +9,9 @@ and writes a valid Arrow file, so only a check of the contents can see it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.unit.test_data_cache import SPLITS, WORDS, cache_at
 from xfam.data import DATA
-
-SPLITS = ("train", "validation", "test")
-WORDS = ["ash", "birch", "cedar", "elm", "fir", "hazel", "larch", "maple", "oak", "pine", "rowan", "yew"]
-
-
-@contextlib.contextmanager
-def cache_at(path: Path) -> Iterator[Path]:
-    import datasets
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(datasets.config, "HF_DATASETS_CACHE", path)
-        yield path
 
 
 @pytest.fixture(scope="module")
