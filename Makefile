@@ -6,7 +6,7 @@ TORCH  ?= torch==2.13.0
 TORCH_INDEX ?=
 BIN    := $(VENV)/bin
 # Tests and the main job run single-threaded per process: oversubscribed threads on a small
-# machine slow a test run by an order of magnitude (see ENVIRONMENT.md).
+# machine slow a test run by an order of magnitude (docs/architecture.md).
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
 PYTEST_ARGS ?=
 

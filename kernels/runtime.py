@@ -3,7 +3,7 @@
 * CUDA tensors with Triton installed, on a GPU of compute capability 8.0 or newer (Ampere on, as
   Triton supports): compiled kernels.
 * CPU tensors with ``TRITON_INTERPRET=1`` set before the kernels were imported: Triton's interpreter
-  (ENVIRONMENT.md: 100-500x slower than SDPA, for parity tests at small sizes; its bf16 arithmetic is
+  (docs/architecture.md: 100-500x slower than SDPA, for parity tests at small sizes; its bf16 arithmetic is
   wrong, so kernels upcast bf16 loads to fp32).
 * Anything else: not at all; ``why_not`` says why, for the error of an explicit ``backend=triton``.
 """

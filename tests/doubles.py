@@ -1,6 +1,6 @@
 """Test doubles: one toy component per contract between slots, used only in tests.
 
-Each is small enough to check by hand and proves one contract of the core (DESIGN.md section 4):
+Each is small enough to check by hand and proves one contract of the core (docs/architecture.md):
 
     toy_bias         pos, kind "bias":     b[h, i, j] = -scale (h + 1) (i - j)^2
     toy_modifier     pos, kind "modifier": logits + alpha * sum(q_i) * (j - i); output + beta * E_p[i - j] * (1..Dh)

@@ -14,7 +14,7 @@ declares (``causal`` / ``bidirectional``):
 * ``decode`` (the default KV cache or its own state) equals attention over the whole prefix.
 
 A mechanism with ``fixed_length`` is tested at ``max_len`` only (no keys in front, no decoding).
-A mechanism that approximates dense attention declares its degenerate limit (DESIGN.md section 5) as
+A mechanism that approximates dense attention declares its degenerate limit (docs/architecture.md) as
 a classmethod ``exact_params(seq_len) -> dict`` of parameters under which it equals softmax
 attention (window covering the sequence, one bucket, ...); the parity tests build it with those.
 """

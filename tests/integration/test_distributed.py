@@ -1,5 +1,5 @@
 """2-process DDP on CPU (gloo, ``trainer=ddp_cpu``), as real command lines (Lightning's DDP and pytest do
-not mix in one process, ENVIRONMENT.md): the same loss curve as one process with the same global batch,
+not mix in one process, docs/architecture.md): the same loss curve as one process with the same global batch,
 only rank 0 writing, and an exact resume of a stateful run (XL memory per rank + Performer features)
 after the process tree is killed."""
 

@@ -18,7 +18,7 @@ never an Sq x Sk matrix. ``window: null`` removes the window (dense attention: t
 
 Not here: sec. 3.1's second set of projections (Q_g, K_g, V_g) for the global attention, initialised
 as copies of the window's. A mechanism receives the projected q, k, v (the model owns projections,
-DESIGN.md section 4), so global rows and columns reuse the window's projections; the pattern is exact.
+docs/architecture.md), so global rows and columns reuse the window's projections; the pattern is exact.
 
 Per-layer windows (sec. 4.1 grows w with depth) use the shared ``per_layer`` schedule::
 

@@ -1,6 +1,6 @@
 """``data=listops``: ListOps as generated for the Long Range Arena (Tay et al., ICLR 2021).
 
-The generator follows LRA's released ``listops.py`` (see ``/work/shared/reference/listops.md``):
+The generator follows LRA's released ``listops.py`` (google-research/long-range-arena):
 operators MIN, MAX, MED, SM (sum mod 10); the root is at depth 1; below ``max_depth`` a node is a
 leaf (a uniform digit) when ``r > 0.25`` for ``r ~ U[0, 1)``, at ``max_depth`` always; an operator
 node has a uniform number of children in ``[2, max_args]``, each sampled one level deeper; a tree

@@ -1,7 +1,7 @@
 """Triton kernels, importable as ``xfam.kernels.<module>``.
 
 The code lives in the repository's top-level ``kernels/`` folder, each kernel beside its PyTorch
-reference (DESIGN.md, section 2); ``kernels`` is a PyPI distribution name, so the folder is mapped
+reference (docs/architecture.md); ``kernels`` is a PyPI distribution name, so the folder is mapped
 into the xfam namespace here instead of being a top-level package of its own. Nothing here imports
 Triton: a kernel module is imported only when a mechanism takes its path (``backend=triton``, or
 ``backend=auto`` on CUDA), so ``TRITON_INTERPRET=1`` set before that still takes effect.

@@ -6,9 +6,10 @@ It takes a plain resolved config (no Hydra objects), so a checkpoint loads anywh
   the targets stand for), next-token accuracy;
 * classify: loss, accuracy.
 
-Exact resume (ENVIRONMENT.md): the checkpoint stores the number of batches consumed in the current
-epoch (the resumable sampler skips them) and every rank's RNG states, restored just before the
-first training batch after the restart, when the DataLoader iterator already exists.
+Exact resume (docs/architecture.md): the checkpoint stores the number of batches consumed in the
+current epoch and which epoch that is (the resumable sampler skips them there only), and every
+rank's RNG states, restored just before the first training batch after the restart, when the
+DataLoader iterator already exists.
 """
 
 from __future__ import annotations
