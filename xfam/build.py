@@ -36,17 +36,20 @@ def model_io(config: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
     return {"task": info["task"], "vocab_size": vocab, "num_classes": info.get("num_classes")}
 
 
-def check_checkpoint_data(ckpt: str, config: dict[str, Any], info: dict[str, Any]) -> None:
+def check_checkpoint_data(
+    ckpt: str, config: dict[str, Any], info: dict[str, Any], meta: dict[str, Any] | None = None
+) -> None:
     """Refuse to resume ``ckpt`` on data its model cannot take (token ids outside its vocabulary,
     another vocabulary size, task or class count): its embedding or head has other shapes. Refuse
     other data it could take too (another data fingerprint: e.g. another corpus in a run directory
     named like this one's) unless ``allow_data_change=true`` asks for it: continuing a run on other
     data by mistake would mix two experiments silently. Runs once the data is prepared and before
-    anything is written, so a refused resume changes nothing."""
+    anything is written, so a refused resume changes nothing. ``meta``: the checkpoint's ``xfam`` metadata,
+    when the caller has read it already."""
     from xfam.lit.checkpoint import read
     from xfam.logs import log
 
-    meta = read(ckpt)["xfam"]
+    meta = read(ckpt)["xfam"] if meta is None else meta
     saved, now = model_io(meta["config"], meta["data_info"]), model_io(config, info)
     if saved == now:
         was, is_now = meta["data_info"].get("fingerprint"), info.get("fingerprint")

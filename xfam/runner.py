@@ -141,13 +141,14 @@ def remove_new(run_dir: Path, before: set[Path]) -> None:
             folder.rmdir()
 
 
-def check_resume(ckpt: str, cfg: dict[str, Any]) -> int:
-    """Refuse a checkpoint whose architecture differs from the config's; returns its step."""
+def check_resume(ckpt: str, cfg: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Refuse a checkpoint whose architecture differs from the config's; returns its step and its ``xfam``
+    metadata (read once: a checkpoint is loaded and its digest checked here, then by Lightning only)."""
     saved = checkpoint.read(ckpt)
     diff = checkpoint.architecture_diff(saved["xfam"]["config"], cfg)
     if diff:
         raise architecture_error(ckpt, diff)
-    return int(saved.get("global_step", 0))
+    return int(saved.get("global_step", 0)), saved["xfam"]
 
 
 def architecture_error(ckpt: str | Path, diff: list[str]) -> ConfigError:
@@ -188,13 +189,13 @@ def _train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | Non
 
     log.info(keep_freed_memory())
     ckpt = resolve_checkpoint(cfg.get("ckpt_path"), run_dir, cfg)
-    resumed_at = check_resume(ckpt, cfg) if ckpt is not None else 0
+    resumed_at, meta = check_resume(ckpt, cfg) if ckpt is not None else (0, None)
     L.seed_everything(cfg["seed"], workers=True, verbose=False)
     source = build_data(cfg)
     source.prepare()
     info = data_info(source)
     if ckpt is not None:
-        check_checkpoint_data(ckpt, cfg, info)  # the checkpoint's model must fit this data
+        check_checkpoint_data(ckpt, cfg, info, meta)  # the checkpoint's model must fit this data
     module = XfamLitModule(cfg, info)  # builds the model: vocabulary and size errors surface here
     check_room(run_dir, module)
     loader = LoaderSpec(**cfg["loader"])
