@@ -9,7 +9,7 @@ python train.py ckpt_path=auto                    # continue the run in this run
 import hydra
 from omegaconf import DictConfig
 
-from xfam.cli.hydra_app import main, run_job
+from xfam.training.hydra_app import main, run_job
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

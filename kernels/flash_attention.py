@@ -16,14 +16,14 @@ pair from positions, with query i at key index ``qpos = Sk - Sq + i`` (memory / 
   in FlashAttention-2 and FlexAttention's full blocks, and the rest (the diagonal, the window's edges, the
   ends past Sq or Sk) with them;
 * key padding (``[B, Sk]`` bool) and packed documents (``[B, Sk]`` ids, the ``SHARED`` id seen by every
-  document, as ``xfam.attention.mask.same_document``): loaded per key block;
+  document, as ``xfam.core.mask.same_document``): loaded per key block;
 * ALiBi (Press et al., 2022): ``-slope_h * |qpos - kpos|`` from the ``[H]`` slopes (no gradient);
 * T5 relative bias (Raffel et al., 2020): ``table[buckets[qpos - kpos + Sk - 1], h]``, two gathers per
   pair; its gradient, the sum of dS over the pairs of each bucket, by fp32 atomic adds;
 * adaptive span (Sukhbaatar et al., 2019): ``+ log m`` with ``m = clamp((R + z_h - |qpos - kpos|) / R,
   0, 1)`` and ``m = 0`` masked, which is the paper's renormalised ``m * exp(s)``; keys beyond
   ``R + z_h`` bound the loops like a window; d z_h = sum of ``dS / (R m)`` over the ramp (fp32 atomics);
-* a block-sparse layout (``xfam.attention.sparse.engine.geometry``): a query block visits only its
+* a block-sparse layout (``xfam.attention._sparse.engine.geometry``): a query block visits only its
   listed key blocks, under the element mask ``block_ok``; the backward visits, for each key block, the
   (query block, slot) pairs that list it (a CSR transpose of the layout built with torch). Whole entries
   (``block_ok`` all True, and whole as above) go first and load no element mask (``prepare_layout``).
@@ -64,7 +64,7 @@ try:
 except ImportError:  # the reference still works; flash_attention raises runtime.why_not's reason
     triton = tl = None
 
-#: Document id of keys every document sees (``xfam.attention.mask.SHARED``; a test keeps them equal).
+#: Document id of keys every document sees (``xfam.core.mask.SHARED``; a test keeps them equal).
 #: Not imported: this module must not pull in ``xfam.attention``, which may import it lazily.
 SHARED = -2
 

@@ -8,7 +8,7 @@ with A_t = sum_{u <= t} log a_u and lw_t = log w_t:
     S_T   = sum_j exp(A_T - A_j + lw_j) k_j v_j^T  +  exp(A_T) S_0
 
 The decay covers ALiBi on kernelised attention (log a_t = -slope_h), RFA's learned gates (log g_t),
-xfam's stabiliser (``xfam.attention.linear.causal_sums``) and document starts (log a_t = -inf: a reset).
+xfam's stabiliser (``xfam.attention._linear.causal_sums``) and document starts (log a_t = -inf: a reset).
 It is computed in the chunkwise form (Hua et al., 2022, "Transformer Quality in Linear Time",
 arXiv:2202.10447; the gated form of GLA, Yang et al., 2023, arXiv:2312.06635): per chunk of C positions,
 the intra-chunk part as masked C x C products and the inter-chunk part through the running state.

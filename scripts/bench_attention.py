@@ -71,10 +71,10 @@ def worker(name: str, length: int, causal: bool, repeats: int, threads: int) -> 
     import torch.nn.functional as F
 
     import xfam.attention  # noqa: F401  (registration)
-    from xfam.allocator import keep_freed_memory
-    from xfam.attention.base import ATTENTION
-    from xfam.attention.mask import AttnMask
+    from xfam.attention._base import ATTENTION
     from xfam.attention.vanilla import reference_attention
+    from xfam.core.mask import AttnMask
+    from xfam.training.allocator import keep_freed_memory
 
     keep_freed_memory()  # as train.py does, for every point (baselines included)
     torch.set_num_threads(threads)
@@ -154,7 +154,7 @@ def supports(name: str, causal: bool) -> bool:
     if name in BASELINES:
         return True
     import xfam.attention  # noqa: F401
-    from xfam.attention.base import ATTENTION
+    from xfam.attention._base import ATTENTION
 
     cls = ATTENTION.get(name)
     return cls.causal if causal else cls.bidirectional
@@ -220,7 +220,7 @@ def main() -> None:
         args.repeats = 1
     if args.mechanisms is None:
         import xfam.attention  # noqa: F401
-        from xfam.attention.base import ATTENTION
+        from xfam.attention._base import ATTENTION
 
         args.mechanisms = [*BASELINES, *(n for n, c in ATTENTION.items() if c.__module__.startswith("xfam."))]
     data = json.loads(args.from_json.read_text()) if args.from_json else run(args)

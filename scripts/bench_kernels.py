@@ -89,7 +89,7 @@ def case_inputs(cfg: Config, device: Any, dtype: Any, block: int) -> dict[str, A
     score_mod / mask_mod, SDPA's mask, and the number of allowed (query, key) pairs per head."""
     import torch
 
-    from xfam.attention.mask import AttnMask
+    from xfam.core.mask import AttnMask
     from xfam.pos.alibi import alibi_slopes
     from xfam.pos.t5 import t5_bucket
 
@@ -116,8 +116,8 @@ def case_inputs(cfg: Config, device: Any, dtype: Any, block: int) -> dict[str, A
         out["mask_mod"] = lambda b, hh, q, k: (q >= k) & (q - k < w)
         allowed = allowed & (qi - ki < w)
     elif cfg.case == "bigbird":
+        from xfam.attention._sparse.engine import geometry
         from xfam.attention.bigbird import BigBirdPattern
-        from xfam.attention.sparse.engine import geometry
 
         pattern = BigBirdPattern(
             block=block, window=3, n_global=0, random=3, seed=0, layer=0, heads=h, causal=False, k_len=n
@@ -179,7 +179,7 @@ def linear_implementations(features: int) -> tuple[Callable, dict[str, Callable]
     """``make(q, k, v) -> (fq, fk, v)`` and name -> f(fq, fk, v): Performer-style positive features."""
     import torch
 
-    from xfam.attention.linear import causal_sums
+    from xfam.attention._linear import causal_sums
     from xfam.kernels.linear_attention import causal_linear_attention
 
     def make(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:

@@ -178,9 +178,9 @@ def attention_call(variant: str, dtype: Any, dh: int) -> None:
     if variant in ("span", "everything"):
         kw["span"] = torch.full((h,), 40.0, requires_grad=True)
     if sparse:  # BigBird blocks of 64, or 128 (a tile the size of the block needs 112-160 KiB at Dh 128)
+        from xfam.attention._sparse.engine import geometry
         from xfam.attention.bigbird import BigBirdPattern
-        from xfam.attention.mask import AttnMask
-        from xfam.attention.sparse.engine import geometry
+        from xfam.core.mask import AttnMask
 
         block = 128 if variant == "block_sparse_128" else 64
         pattern = BigBirdPattern(block=block, window=3, n_global=0, random=2, seed=0, layer=0, heads=h, causal=False,

@@ -11,7 +11,7 @@ model) for each confidence measure (softmax response, hidden-state saturation, t
 classifier), and the Learn-then-Test check: the per-example disagreement losses of the validation
 and test splits pooled, split at random into calibration and test halves many times; in each split
 the threshold is calibrated on one half and its disagreement measured on the other
-(``xfam.exit.calibrate.split_check``).
+(``xfam.eval.calibrate.split_check``).
 
 ``act`` trains ``experiment=act_parity`` with ``exit=act`` at each ponder cost tau of ``--taus`` on a
 variant where depth pays: vectors of 8 entries whose entries reach the read-out position (entry 0,
@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from run_experiments import RESULTS, write_section  # noqa: E402
 
 from xfam.cli.evaluate import split_loader  # noqa: E402
-from xfam.exit.calibrate import split_check  # noqa: E402
-from xfam.exit.inference import threshold_sweep  # noqa: E402
-from xfam.lit.checkpoint import load_model  # noqa: E402
-from xfam.metrics import add_stats, batch_stats, summarize  # noqa: E402
+from xfam.eval.calibrate import split_check  # noqa: E402
+from xfam.eval.inference import threshold_sweep  # noqa: E402
+from xfam.eval.metrics import add_stats, batch_stats, summarize  # noqa: E402
+from xfam.training.lit.checkpoint import load_model  # noqa: E402
 
 MEASURES = {
     "softmax": [1.01, 0.99, 0.98, 0.96, 0.94, 0.92, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1],

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from run_experiments import RESULTS, write_section  # noqa: E402
 
-from xfam.errors import ConfigError  # noqa: E402
+from xfam.core.errors import ConfigError  # noqa: E402
+from xfam.eval.knnlm import build_datastore, default_store_dir, load_checked, score  # noqa: E402
 from xfam.knnlm.datastore import read_manifest  # noqa: E402
-from xfam.knnlm.run import build_datastore, default_store_dir, load_checked, score  # noqa: E402
 
 LAMBDAS = [0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0]
 KS = [8, 64, 256, 1024]

@@ -244,11 +244,11 @@ def recall_eval(run: Run, split: str = "test") -> dict[str, Any]:
     module's own evaluation path (``_eval_forward``: memory carried through the streams, cleared at
     episode boundaries) over the batches its test metric saw (the first ``trainer.limit_test_batches``
     of each stream); cached in ``<run>/recall_eval.json``."""
-    from xfam.build import build_data
     from xfam.data.module import XfamDataModule
-    from xfam.lit.checkpoint import read
-    from xfam.lit.module import XfamLitModule
-    from xfam.metrics import add_stats, batch_stats, summarize
+    from xfam.eval.metrics import add_stats, batch_stats, summarize
+    from xfam.model.build import build_data
+    from xfam.training.lit.checkpoint import read
+    from xfam.training.lit.module import XfamLitModule
 
     ckpt = Path(run.run_dir) / "checkpoints" / "last.ckpt"
     cache = Path(run.run_dir) / "recall_eval.json"

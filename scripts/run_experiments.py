@@ -22,7 +22,7 @@ in the sweep file are evaluated on the test split once per number of evaluation 
 ``eval_lengths`` (extrapolation) evaluate every run's last checkpoint on the first ``eval_tokens``
 targets of the test split at each evaluation length, with each protocol of ``eval_protocols``
 (``nonoverlapping`` chunks, or ``sliding`` windows moved by ``eval_stride``; see
-xfam/extrapolation.py), cached in ``<run>/extrapolation.json``; a length the model refuses (learned
+xfam/eval/extrapolation.py), cached in ``<run>/extrapolation.json``; a length the model refuses (learned
 positions past ``model.max_len``) is recorded as refused with the model's message. Tables go
 between ``<!-- experiments:<name>:start/end -->`` markers of the results file (the prose around
 them is kept), raw results to ``<out>/<experiment>/results.json``, plots next to the results file.
@@ -95,7 +95,7 @@ def compose(experiment: str, overrides: list[str]) -> dict[str, Any]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from xfam.cli.hydra_app import CONFIG_DIR, register_resolvers
+    from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()
@@ -127,7 +127,7 @@ def comparable(cfg: dict[str, Any]) -> dict[str, Any]:
 def prepare_run(run: Run, out: Path) -> tuple[dict[str, Any] | None, bool]:
     """Compose and validate ``run``; returns (config, reusable). Refusals set the run's status."""
     from xfam.config import validate
-    from xfam.errors import ConfigError
+    from xfam.core.errors import ConfigError
 
     try:
         cfg = compose(run.experiment, run.overrides)
@@ -155,8 +155,8 @@ def prepare_run(run: Run, out: Path) -> tuple[dict[str, Any] | None, bool]:
 
 def train_run(run: Run, cfg: dict[str, Any], reusable: bool) -> None:
     import xfam
-    from xfam.build import build_model
-    from xfam.errors import ConfigError
+    from xfam.core.errors import ConfigError
+    from xfam.model.build import build_model
 
     run_dir = Path(run.run_dir)
     if reusable:
@@ -177,7 +177,7 @@ def train_run(run: Run, cfg: dict[str, Any], reusable: bool) -> None:
         run.seconds = time.perf_counter() - start
         run.status = "ok"
         (run_dir / "driver.json").write_text(json.dumps({"seconds": run.seconds, "command": run.command}, indent=1))
-    from xfam.lit.checkpoint import read
+    from xfam.training.lit.checkpoint import read
 
     info = read(run_dir / "checkpoints" / "last.ckpt")["xfam"]["data_info"]
     run.params = sum(p.numel() for p in build_model(cfg, info).parameters())
@@ -188,7 +188,7 @@ def label_stats(cfg: dict[str, Any]) -> dict[str, Any]:
     root-operator rule (predict the train split's most common label among trees with the same first
     token after ``<cls>``, i.e. the same root operator), a context-free heuristic a model can learn
     without parsing the tree."""
-    from xfam.build import build_data
+    from xfam.model.build import build_data
 
     source = build_data(cfg)
     source.prepare()
@@ -209,10 +209,10 @@ def evaluate(ckpt: Path, attention: dict[str, Any], split: str) -> dict[str, flo
     """Metrics of a checkpoint on ``split`` with ``attention`` settings changed (e.g. eval_hashes)."""
     import torch
 
-    from xfam.build import build_data, build_model
     from xfam.data.module import XfamDataModule
-    from xfam.lit.checkpoint import read
-    from xfam.metrics import batch_stats, summarize
+    from xfam.eval.metrics import batch_stats, summarize
+    from xfam.model.build import build_data, build_model
+    from xfam.training.lit.checkpoint import read
 
     saved = read(ckpt)
     meta = saved["xfam"]
@@ -237,7 +237,7 @@ def evaluate(ckpt: Path, attention: dict[str, Any], split: str) -> dict[str, flo
 
 def eval_rounds(run: Run, rounds: list[int], split: str = "test") -> None:
     """Evaluate the run's last checkpoint once per number of evaluation hash rounds."""
-    from xfam.lit.checkpoint import read
+    from xfam.training.lit.checkpoint import read
 
     ckpt = Path(run.run_dir) / "checkpoints" / "last.ckpt"
     saved = read(ckpt)
@@ -257,10 +257,10 @@ def eval_rounds(run: Run, rounds: list[int], split: str = "test") -> None:
 
 
 def eval_lengths(run: Run, sweep: dict[str, Any]) -> None:
-    """Evaluate the run's last checkpoint at every length and protocol of the sweep (xfam.extrapolation);
+    """Evaluate the run's last checkpoint at every length and protocol of the sweep (xfam.eval.extrapolation);
     cached in ``<run>/extrapolation.json``, reused while the settings and the checkpoint's step match."""
-    from xfam.extrapolation import evaluate_checkpoint
-    from xfam.lit.checkpoint import read
+    from xfam.eval.extrapolation import evaluate_checkpoint
+    from xfam.training.lit.checkpoint import read
 
     ckpt = Path(run.run_dir) / "checkpoints" / "last.ckpt"
     settings = {**length_settings(sweep), "step": read(ckpt)["global_step"]}
@@ -284,7 +284,7 @@ def eval_lengths(run: Run, sweep: dict[str, Any]) -> None:
 
 def length_settings(sweep: dict[str, Any]) -> dict[str, Any]:
     """The extrapolation evaluation of a sweep entry (its ``eval_*`` keys), with defaults."""
-    from xfam.extrapolation import DEFAULT_STRIDE, PROTOCOLS
+    from xfam.eval.extrapolation import DEFAULT_STRIDE, PROTOCOLS
 
     return {
         "lengths": [int(x) for x in sweep["eval_lengths"]],

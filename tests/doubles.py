@@ -28,15 +28,17 @@ import xfam.attention
 import xfam.exit
 import xfam.memory
 import xfam.pos  # noqa: F401  (registers the real components)
-from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, expand_kv
-from xfam.attention.mask import AttnMask
+from xfam.attention._base import ATTENTION, AttentionMechanism
 from xfam.attention.vanilla import reference_attention
-from xfam.exit.base import EXIT, ExitOutput, ExitPolicy
-from xfam.memory.base import MEMORY, LayerView, Memory, MemoryState
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Range
+from xfam.core.state import DecodeState, LayerView, MemoryState, expand_kv
+from xfam.exit._base import EXIT, ExitOutput, ExitPolicy
+from xfam.memory._base import MEMORY, Memory
 from xfam.model.spec import ModelSpec
 from xfam.model.transformer import XfamModel
-from xfam.pos.base import POS, PositionalEncoding, ScoreBias, ScoreModifier
-from xfam.registry import Range
+from xfam.pos._base import POS, PositionalEncoding
 
 # -- score biases ------------------------------------------------------------------------------
 

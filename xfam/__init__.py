@@ -14,12 +14,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = {
-    "build_model": "xfam.build",
-    "build_data": "xfam.build",
-    "load_model": "xfam.lit.checkpoint",
+    "build_model": "xfam.model.build",
+    "build_data": "xfam.model.build",
+    "load_model": "xfam.training.lit.checkpoint",
     "validate": "xfam.config",
-    "train": "xfam.runner",
-    "ConfigError": "xfam.errors",
+    "train": "xfam.training.runner",
+    "ConfigError": "xfam.core.errors",
 }
 __all__ = ["__version__", *_API]
 

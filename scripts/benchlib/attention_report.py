@@ -79,9 +79,9 @@ def reversible_table(rev: list[dict[str, Any]]) -> list[str]:
 
 ALLOCATOR = {
     "kept": (
-        "Every point runs with xfam's allocator setting, as train.py does (`xfam/allocator.py`: glibc keeps freed "
-        "memory for reuse), so large temporaries are not faulted in again at every call: the sparse paths run "
-        "~30-45% faster than with glibc's defaults, SDPA ~2%, at the price of a higher peak RSS where freed blocks "
+        "Every point runs with xfam's allocator setting, as train.py does (`xfam/training/allocator.py`: glibc "
+        "keeps freed memory for reuse), so large temporaries are not faulted in again at every call: the sparse paths "
+        "run ~30-45% faster than with glibc's defaults, SDPA ~2%, at the price of a higher peak RSS where freed blocks "
         "fragment (the einsum path's at L = 8192: 10.3 GB here against 3.5 GB). The same run with the allocator "
         "left as is: [attention_benchmarks_default_allocator.md](attention_benchmarks_default_allocator.md)."
     ),

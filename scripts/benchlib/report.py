@@ -94,7 +94,7 @@ def render_md(data: dict[str, Any], summary: dict[str, Any], png: Path | None, m
         f"* One step: `zero_grad`, forward, cross-entropy (mean over tokens), backward, AdamW step "
         f"(lr {LR}, betas {BETAS}, eps {EPS}). Weight decay as each system does it: minimal and "
         f"x-transformers `AdamW(model.parameters(), weight_decay={WEIGHT_DECAY})` (x-transformers has no "
-        f"optimiser of its own; PyTorch's default AdamW kernel); xfam `xfam.lit.optim.make_optimizer` with "
+        f"optimiser of its own; PyTorch's default AdamW kernel); xfam `xfam.training.lit.optim.make_optimizer` with "
         f"`OptimSpec()` defaults (decay {WEIGHT_DECAY} on weight matrices only, warmup + cosine `LambdaLR` "
         f"stepped every step, and the fused AdamW kernel, which xfam's Lightning module selects at full "
         f"precision).",

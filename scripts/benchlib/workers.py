@@ -171,9 +171,9 @@ DATA_INFO = {"task": "lm", "vocab_size": VOCAB, "num_classes": None, "token_byte
 
 
 def build_xfam(pos: str, total_steps: int):
-    from xfam.build import build_model
-    from xfam.lit.optim import make_optimizer
-    from xfam.specs import OptimSpec
+    from xfam.config.specs import OptimSpec
+    from xfam.model.build import build_model
+    from xfam.training.lit.optim import make_optimizer
 
     cfg = xfam_config(pos)
     model = build_model(cfg, DATA_INFO)
@@ -249,7 +249,7 @@ def run_lightning(pos: str, warmup: int, steps: int) -> dict[str, Any]:
     import lightning as L
     import torch
 
-    from xfam.lit.module import XfamLitModule
+    from xfam.training.lit.module import XfamLitModule
 
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
@@ -364,7 +364,7 @@ def worker(system: str, pos: str, warmup: int, steps: int, threads: int) -> None
         # its gradients, optimizer state and activations.
         importlib.import_module("x_transformers" if "xtransformers" in system else "torch.nn")
         if "xfam" in system:
-            importlib.import_module("xfam.build")
+            importlib.import_module("xfam.model.build")
         if system.startswith("profile:"):
             res = run_plain(system.split(":", 1)[1], pos, warmup, steps, profile=True)
         elif system == "xfam_lightning":

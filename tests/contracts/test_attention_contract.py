@@ -25,12 +25,12 @@ import pytest
 import torch
 from doubles import TableBias, ToyModifier, xfam_components
 
-from xfam.attention import ATTENTION, AttnMask
-from xfam.attention.base import expand_kv
-from xfam.attention.mask import SHARED
+from xfam.attention import ATTENTION
 from xfam.attention.vanilla import reference_attention
+from xfam.core.mask import SHARED, AttnMask
+from xfam.core.registry import signature_params
+from xfam.core.state import expand_kv
 from xfam.pos.alibi import AlibiBias
-from xfam.registry import signature_params
 
 B, H, DH, S = 2, 4, 8, 12
 TOL = 1e-5

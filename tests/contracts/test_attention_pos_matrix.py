@@ -3,7 +3,7 @@
 For every registered ``xfam.`` attention mechanism and positional encoding, in a causal language
 model and in a bidirectional classifier, the full composed configuration goes through
 ``xfam.config.validate`` (the check ``train.py`` runs). Either it is refused, and every refusal names
-the component at fault and the alternatives or the fix, consistently with ``xfam.compat.matrix()``;
+the component at fault and the alternatives or the fix, consistently with ``xfam.model.compat.matrix()``;
 or it is accepted, and a tiny model built from it runs forward and backward with finite outputs and
 a finite, non-zero gradient on every trainable parameter.
 
@@ -26,15 +26,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from xfam import compat
 from xfam.attention import ATTENTION
-from xfam.build import build_model
-from xfam.cli.hydra_app import CONFIG_DIR, register_resolvers
 from xfam.config import _slot_problems, validate
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.registry import defaults_of
+from xfam.model import compat
+from xfam.model.build import build_model
 from xfam.model.spec import ModelSpec
 from xfam.pos import POS
-from xfam.registry import defaults_of
+from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
 
 SEQ = 16
 VOCAB, CLASSES = 13, 3

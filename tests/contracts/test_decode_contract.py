@@ -7,7 +7,7 @@ import pytest
 import torch
 from doubles import ToyLinear, build_model, decode_logits, elu1
 
-from xfam.attention.mask import AttnMask
+from xfam.core.mask import AttnMask
 
 
 def test_toy_linear_forward_is_causal_linear_attention():

@@ -106,7 +106,7 @@ def test_bidirectional_classifier(pos):
 @pytest.mark.parametrize("task", ["lm", "classify"])
 def test_sdpa_path_equals_reference_path(pos, task):
     if POS.get(pos).kind == "modifier":
-        pytest.skip("sdpa cannot host a score modifier (refused by xfam.compat)")
+        pytest.skip("sdpa cannot host a score modifier (refused by xfam.model.compat)")
     x = tokens()
     pad = torch.tensor([[False] * 2 + [True] * (S - 2), [True] * (S - 3) + [False] * 3])
     seg = torch.tensor([[0] * 6 + [1] * 6, [0] * S])

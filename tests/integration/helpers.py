@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from xfam.cli.hydra_app import CONFIG_DIR, register_resolvers
+from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
 
 ROOT = CONFIG_DIR.parent
 

@@ -1,6 +1,6 @@
 """A table of invalid command lines, each refused before anything is written, in one clear message.
 
-Every ``python train.py ...`` case runs in-process through ``xfam.cli.hydra_app.main`` (what train.py runs:
+Every ``python train.py ...`` case runs in-process through ``xfam.training.hydra_app.main`` (what train.py runs:
 the pre-launch check, then Hydra) with ``sys.argv`` set, and every ``xfam ...`` case through
 ``xfam.cli.main.main``; a few run as real subprocesses for the wiring. Each must exit with status 2,
 print exactly one ``xfam: error:`` naming the problem (the case's texts) and the fix, show no traceback,
@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from tests.integration.helpers import compose_cfg, run_cli
-from xfam.build import build_model
-from xfam.cli import hydra_app
 from xfam.cli import main as xfam_main
-from xfam.lit.checkpoint import metadata
+from xfam.model.build import build_model
+from xfam.training import hydra_app
+from xfam.training.lit.checkpoint import metadata
 
 CLEAN_EXIT = 2
 #: Words that introduce the fix in a message (compat's refusals list "Alternatives:").

@@ -9,12 +9,12 @@ import yaml
 
 from tests.integration.helpers import CONFIG_DIR, compose_cfg
 from xfam.attention import ATTENTION
-from xfam.cli.hydra_app import config_groups, precheck
 from xfam.config import SLOTS, lightning_trainer_args, validate
-from xfam.errors import ConfigError
+from xfam.config.specs import CallbacksSpec, LoggerSpec, OptimSpec, RunSpec
+from xfam.core.errors import ConfigError
+from xfam.core.registry import defaults_of
 from xfam.model.spec import ModelSpec
-from xfam.registry import defaults_of
-from xfam.specs import CallbacksSpec, LoggerSpec, OptimSpec, RunSpec
+from xfam.training.hydra_app import config_groups, precheck
 
 GROUPS = config_groups()
 OPTIONS = [(g, o) for g, opts in GROUPS.items() for o in opts if g not in ("hparams_search",)]

@@ -21,9 +21,9 @@ import pytest
 
 from tests.integration.helpers import ROOT, TINY, compose_cfg, flip_a_tensor_bit, text_data
 from tests.integration.test_train import step_losses
-from xfam.errors import ConfigError
-from xfam.lit.checkpoint import AtomicCheckpointIO
-from xfam.runner import train
+from xfam.core.errors import ConfigError
+from xfam.training.lit.checkpoint import AtomicCheckpointIO
+from xfam.training.runner import train
 
 RUN = ["trainer.max_steps=9", "trainer.val_check_interval=9"]  # checkpoints at steps 3, 6 and 9
 CLOSING = {2, 5, 8}  # the logged step of the batch at whose end each checkpoint is written

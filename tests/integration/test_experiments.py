@@ -132,7 +132,7 @@ def test_driver_collects_listops_results_on_a_tiny_run(tmp_path: Path) -> None:
 
 
 def _test_labels(run_dir: str) -> list[int]:
-    from xfam.build import build_data
+    from xfam.model.build import build_data
 
     cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
     source = build_data(cfg)

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
-from xfam.cli.hydra_app import precheck
 from xfam.config import check_machine, validate
-from xfam.errors import ConfigError
-from xfam.lit.callbacks import MatmulPrecision
-from xfam.lit.checkpoint import AtomicCheckpointIO
+from xfam.core.errors import ConfigError
+from xfam.training.hydra_app import precheck
+from xfam.training.lit.callbacks import MatmulPrecision
+from xfam.training.lit.checkpoint import AtomicCheckpointIO
 
 REFUSAL = "trainer=fsdp needs GPUs; on CPU use trainer=ddp_cpu"
 
@@ -41,7 +41,7 @@ def test_fsdp_composes_and_validates() -> None:
 
 
 def test_fsdp_trainer_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from xfam.lit import trainer as xfam_trainer
+    from xfam.training.lit import trainer as xfam_trainer
 
     seen: dict = {}
     monkeypatch.setattr(xfam_trainer.L, "Trainer", lambda **kw: seen.update(kw))  # Lightning itself needs a GPU

@@ -10,13 +10,13 @@ import typing
 
 import pytest
 
-from xfam import compat
 from xfam.attention import ATTENTION
-from xfam.cli.hydra_app import config_groups, precheck
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.registry import defaults_of
 from xfam.exit import EXIT
+from xfam.model import compat
 from xfam.pos import POS
-from xfam.registry import defaults_of
+from xfam.training.hydra_app import config_groups, precheck
 
 SLOTS = {"attention": ATTENTION, "pos": POS, "exit": EXIT}
 RNG = random.Random(0)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.helpers import ROOT, TINY, compose_cfg, run_cli, text_data
 from xfam.cli.main import main
-from xfam.runner import train
+from xfam.training.runner import train
 
 CLEAN_EXIT = 2
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import compose_cfg
-from xfam.build import build_data
-from xfam.runner import train
+from xfam.model.build import build_data
+from xfam.training.runner import train
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ import torch
 
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
 from xfam.config import validate
-from xfam.errors import ConfigError
-from xfam.lit.nonfinite import NonFiniteError
-from xfam.runner import train
+from xfam.core.errors import ConfigError
+from xfam.training.lit.nonfinite import NonFiniteError
+from xfam.training.runner import train
 
 STEPS = ["trainer.max_steps=8", "trainer.val_check_interval=8"]
 

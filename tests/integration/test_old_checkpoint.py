@@ -16,7 +16,7 @@ from tests.fixtures.old_checkpoint_run import FIXTURE, OVERRIDES, PROBE, write_c
 from tests.integration.helpers import compose_cfg
 from tests.integration.test_train import step_losses
 from xfam import load_model
-from xfam.runner import train
+from xfam.training.runner import train
 
 EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
-from xfam.cli.hydra_app import CONFIG_DIR, config_groups, precheck
-from xfam.errors import ConfigError
-from xfam.schedule import per_layer
+from xfam.core.errors import ConfigError
+from xfam.core.schedule import per_layer
+from xfam.training.hydra_app import CONFIG_DIR, config_groups, precheck
 
 CLEAN_EXIT = 2  # every configuration or input problem
 

@@ -1,4 +1,4 @@
-"""Preemption on a cluster (``xfam.lit.preempt``), on CPU: a real signal sent to a real training process
+"""Preemption on a cluster (``xfam.training.lit.preempt``), on CPU: a real signal sent to a real training process
 in a fake one-task SLURM job (Lightning detects SLURM from its variables; ``scontrol`` is a script that
 records its arguments). SIGUSR1 (``sbatch --signal=USR1@90``) must write an ordinary checkpoint at the
 end of the current step, request ``scontrol requeue <job id>`` and exit with status 138; SIGTERM
@@ -23,9 +23,9 @@ import torch
 
 from tests.integration.helpers import ROOT, TINY, compose_cfg, text_data
 from tests.integration.test_train import step_losses
-from xfam.errors import ConfigError
-from xfam.lit.preempt import Preempted
-from xfam.runner import train
+from xfam.core.errors import ConfigError
+from xfam.training.lit.preempt import Preempted
+from xfam.training.runner import train
 
 STEPS = 40
 RUN = ["model.dropout=0.1", f"trainer.max_steps={STEPS}", "trainer.val_check_interval=5", "callbacks.every_n_steps=4"]

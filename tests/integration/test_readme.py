@@ -25,7 +25,7 @@ def test_adding_a_component_example_runs() -> None:
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace = {"__name__": "readme_example"}
     exec(compile(code, "README.md", "exec"), namespace)  # registers pos=clipped
-    from xfam.pos.base import POS
+    from xfam.pos._base import POS
 
     try:
         from doubles import build_model, decode_logits

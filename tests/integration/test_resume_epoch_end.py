@@ -25,9 +25,9 @@ import torch
 from tests.integration.helpers import ROOT, TINY, compose_cfg, text_data
 from tests.integration.test_preemption import SignalAt
 from tests.integration.test_train import log_rows, step_losses
-from xfam.build import build_data
-from xfam.lit.preempt import Preempted
-from xfam.runner import train
+from xfam.model.build import build_data
+from xfam.training.lit.preempt import Preempted
+from xfam.training.runner import train
 
 
 def data(corpus: Path) -> list[str]:
@@ -145,7 +145,7 @@ def test_a_sigkill_during_a_checkpoint_write_then_auto_continues_exactly(
     writing = tmp_path / "writing"
     slow_writer = (
         "import sys, time, pathlib, runpy\n"
-        "from xfam.lit.checkpoint import AtomicCheckpointIO\n"
+        "from xfam.training.lit.checkpoint import AtomicCheckpointIO\n"
         "save = AtomicCheckpointIO.save_checkpoint\n"
         "def slow(self, checkpoint, path, storage_options=None):\n"
         f"    if checkpoint['global_step'] == {2 * epoch}:\n"

@@ -14,9 +14,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
 from tests.integration.test_train import stop_at
-from xfam.errors import ConfigError
-from xfam.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
-from xfam.runner import train
+from xfam.core.errors import ConfigError
+from xfam.training.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
+from xfam.training.runner import train
 
 # Checkpoints and validation every 4 steps; the first part runs without the learning-rate monitor,
 # so the resumed run's CSV gains columns.

@@ -18,10 +18,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
-from xfam.cli.hydra_app import CONFIG_DIR, register_resolvers
-from xfam.errors import ConfigError
-from xfam.lit.checkpoint import DiskFullError
-from xfam.runner import train
+from xfam.core.errors import ConfigError
+from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
+from xfam.training.lit.checkpoint import DiskFullError
+from xfam.training.runner import train
 
 SHORT = ["trainer.max_steps=3", "trainer.val_check_interval=3"]
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
-from xfam.build import build_model
 from xfam.cli.evaluate import evaluate, split_loader
 from xfam.config import validate
-from xfam.errors import ConfigError
-from xfam.knnlm.run import build_datastore
-from xfam.lit.checkpoint import load_model
-from xfam.runner import train
+from xfam.core.errors import ConfigError
+from xfam.eval.knnlm import build_datastore
+from xfam.model.build import build_model
+from xfam.training.lit.checkpoint import load_model
+from xfam.training.runner import train
 
 SPALM = ["memory=spalm", "pos=xl", "memory.mem_len=32"]
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
 from tests.integration.test_train import step_losses, stop_at
-from xfam.runner import train
+from xfam.training.runner import train
 
 RUN = ["trainer.max_steps=16", "callbacks.every_n_steps=4", "trainer.val_check_interval=4", "model.dropout=0.1"]
 MEMORY = ["memory=xl", "memory.mem_len=24", "pos=xl", "loader.streams=true"]

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
-from xfam.errors import ConfigError
-from xfam.lit.checkpoint import load_model
-from xfam.runner import train
+from xfam.core.errors import ConfigError
+from xfam.training.lit.checkpoint import load_model
+from xfam.training.runner import train
 
 
 def log_rows(run_dir: Path) -> list[dict[str, str]]:
-    """The rows of a run's CSV log: one file, which a resumed run continues (xfam.lit.resume_logs)."""
+    """The rows of a run's CSV log: one file, which a resumed run continues (xfam.training.lit.resume_logs)."""
     with open(run_dir / "logs" / "version_0" / "metrics.csv") as fh:
         return list(csv.DictReader(fh))
 

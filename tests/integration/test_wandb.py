@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
-from xfam.lit.trainer import wandb_mode
-from xfam.runner import train
-from xfam.specs import LoggerSpec
+from xfam.config.specs import LoggerSpec
+from xfam.training.lit.trainer import wandb_mode
+from xfam.training.runner import train
 
 
 def test_auto_mode_is_offline_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -10,15 +10,15 @@ import logging
 import pytest
 import torch
 
-import xfam.logs
+import xfam.core.logs
 
 pytest.importorskip("triton")
 
 from doubles import ToyModifier, build_model  # noqa: E402
 
-from xfam.attention import fused  # noqa: E402
-from xfam.attention.mask import AttnMask  # noqa: E402
-from xfam.errors import ConfigError  # noqa: E402
+from xfam.attention import _fused as fused  # noqa: E402
+from xfam.core.errors import ConfigError  # noqa: E402
+from xfam.core.mask import AttnMask  # noqa: E402
 from xfam.kernels import runtime  # noqa: E402
 
 if runtime.why_not(torch.device("cpu")) is not None and not torch.cuda.is_available():
@@ -74,7 +74,7 @@ def test_triton_backend_equals_the_reference_path(case: str) -> None:
 
 
 def test_auto_takes_the_kernel_only_on_cuda_for_calls_it_computes(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
-    monkeypatch.setattr(xfam.logs, "_seen", set())  # log_once: as if nothing had been logged yet
+    monkeypatch.setattr(xfam.core.logs, "_seen", set())  # log_once: as if nothing had been logged yet
     q = torch.zeros(1, 2, 8, 16)
     mask = AttnMask(8, 8, causal=True)
     caplog.set_level(logging.INFO, logger="xfam")

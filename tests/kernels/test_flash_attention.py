@@ -16,14 +16,14 @@ import math
 import pytest
 import torch
 
+from xfam.attention._sparse import dense_sparse_attention
+from xfam.attention._sparse.engine import geometry
 from xfam.attention.adaptive_span import span_reference
 from xfam.attention.bigbird import BigBirdPattern
 from xfam.attention.local import WindowPattern
-from xfam.attention.mask import SHARED, AttnMask
-from xfam.attention.sparse import dense_sparse_attention
-from xfam.attention.sparse.engine import geometry
 from xfam.attention.strided import StridedPattern
 from xfam.attention.vanilla import reference_attention
+from xfam.core.mask import SHARED, AttnMask
 from xfam.kernels import flash_attention as fa
 from xfam.kernels import runtime
 from xfam.pos.alibi import AlibiBias

@@ -7,7 +7,7 @@ import platform
 import pytest
 import torch
 
-from xfam import allocator
+from xfam.training import allocator
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from doubles import QuadraticBias, ToyModifier, build_model, quadratic_bias_value
 
-import xfam.logs
-from xfam.attention.base import additive_mask, expand_kv
-from xfam.attention.mask import AttnMask
+import xfam.core.logs
 from xfam.attention.vanilla import Vanilla, reference_attention
+from xfam.core.bias import additive_mask
+from xfam.core.mask import AttnMask
+from xfam.core.state import expand_kv
 
 
 def explicit_softmax(q, k, v, score_fn, out_fn=None):
@@ -130,7 +131,7 @@ def count_sdpa(monkeypatch) -> list[int]:
 
 
 def test_auto_backend_picks_the_reference_path_for_a_modifier_and_logs_once(monkeypatch, caplog):
-    monkeypatch.setattr(xfam.logs, "_seen", set())
+    monkeypatch.setattr(xfam.core.logs, "_seen", set())
     calls = count_sdpa(monkeypatch)
     caplog.set_level(logging.INFO, logger="xfam")
     q = k = v = torch.randn(1, 2, 5, 4)

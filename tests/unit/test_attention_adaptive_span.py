@@ -11,11 +11,12 @@ import torch
 import torch.nn.functional as F
 from doubles import TableBias, build_model, decode_logits
 
-from xfam.attention import ATTENTION, AttnMask
+from xfam.attention import ATTENTION
 from xfam.attention.adaptive_span import AdaptiveSpan, span_band_attention, span_mask
-from xfam.attention.base import expand_kv
 from xfam.attention.local import WindowPattern
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.mask import AttnMask
+from xfam.core.state import expand_kv
 
 B, H, DH, S, R = 2, 4, 8, 24, 4
 RATIOS = torch.tensor([0.0, 0.1, 0.27, 0.5])  # spans 0, 2.4, 6.48, 12 positions (S = 24)

@@ -19,12 +19,12 @@ from doubles import TableBias, build_model
 
 from xfam.attention import ATTENTION
 from xfam.attention.lsh import LSH, _sorted_windows, bucket_attention, route
-from xfam.attention.mask import AttnMask
 from xfam.attention.routing import Routing
 from xfam.attention.sinkhorn import Sinkhorn, sinkhorn
 from xfam.attention.vanilla import reference_attention
-from xfam.compat import matrix
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.mask import AttnMask
+from xfam.model.compat import matrix
 
 B, H, D = 2, 4, 8
 ORIGINAL_SORTED_WINDOWS = _sorted_windows

@@ -10,20 +10,21 @@ import torch
 from doubles import TableBias, build_model, decode_logits
 
 from tests.integration.helpers import compose_cfg
-from xfam import compat
-from xfam.attention import ATTENTION, AttnMask
+from xfam.attention import ATTENTION
+from xfam.attention._factorized import factorized_attention
+from xfam.attention._sparse import block_sparse_attention, dense_sparse_attention
 from xfam.attention.blockwise import BlockPermutationPattern, default_shifts, head_permutations
-from xfam.attention.factorized import factorized_attention
 from xfam.attention.fixed import FixedPattern
-from xfam.attention.groups import HeadGroups
-from xfam.attention.sparse import block_sparse_attention, dense_sparse_attention
 from xfam.attention.strided import StridedPattern
 from xfam.attention.vanilla import reference_attention
-from xfam.build import build_model as build_from_config
-from xfam.compat import Selection
 from xfam.config import validate
+from xfam.core.mask import AttnMask
 from xfam.exit import EXIT
 from xfam.memory import MEMORY
+from xfam.model import compat
+from xfam.model.build import build_model as build_from_config
+from xfam.model.compat import Selection
+from xfam.model.head_groups import HeadGroups
 from xfam.pos import POS
 from xfam.pos.alibi import AlibiBias
 

@@ -16,15 +16,16 @@ import pytest
 import torch
 from doubles import TableBias, build_model, decode_logits
 
-from xfam import compat
-from xfam.attention import ATTENTION, AttnMask
+from xfam.attention import ATTENTION
+from xfam.attention._sparse import pattern_dense
 from xfam.attention.bigbird import BigBirdPattern
 from xfam.attention.longformer import LongformerPattern
-from xfam.attention.sparse import pattern_dense
 from xfam.attention.vanilla import reference_attention
-from xfam.compat import Selection
+from xfam.core.mask import AttnMask
 from xfam.exit import EXIT
 from xfam.memory import MEMORY
+from xfam.model import compat
+from xfam.model.compat import Selection
 from xfam.pos import POS
 from xfam.pos.alibi import AlibiBias
 

@@ -15,14 +15,15 @@ import pytest
 import torch
 from doubles import build_model, decode_logits
 
-from xfam import compat
-from xfam.attention import ATTENTION, AttnMask
-from xfam.attention.linear import ChunkedPrefix, bidirectional_sums, causal_sums, decayed_scan, gaussian_matrix
+from xfam.attention import ATTENTION
+from xfam.attention._linear import ChunkedPrefix, bidirectional_sums, causal_sums, decayed_scan, gaussian_matrix
 from xfam.attention.performer import favor_log_features
 from xfam.attention.rfa import _SinCos, rff_features
 from xfam.attention.vanilla import reference_attention
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.mask import AttnMask
 from xfam.exit import EXIT
+from xfam.model import compat
 from xfam.pos import POS
 from xfam.pos.alibi import AlibiBias
 

@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from doubles import build_model
 
-from xfam.attention import ATTENTION, AttnMask
+from xfam.attention import ATTENTION
 from xfam.attention.vanilla import reference_attention
 from xfam.config import validate
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.mask import AttnMask
 
 B, H, DH, N = 2, 4, 8, 12
 
@@ -161,7 +162,7 @@ def _cfg(task: str) -> dict:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from xfam.cli.hydra_app import CONFIG_DIR, register_resolvers
+    from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
 
     data = (
         ["data=duplication", "data.seq_len=16"]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from xfam.errors import ConfigError
-from xfam.lit import checkpoint
-from xfam.lit.checkpoint import AtomicCheckpointIO, architecture_diff
+from xfam.core.errors import ConfigError
+from xfam.training.lit import checkpoint
+from xfam.training.lit.checkpoint import AtomicCheckpointIO, architecture_diff
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -63,7 +63,7 @@ def test_a_model_option_newer_than_the_checkpoint_compares_as_its_default() -> N
 
 
 def test_a_checkpoint_resumes_only_on_data_its_model_can_take(tmp_path: Path) -> None:
-    from xfam.build import check_checkpoint_data
+    from xfam.model.build import check_checkpoint_data
 
     def info(task: str = "lm", vocab: int = 257, classes: int | None = None) -> dict:
         return {"task": task, "vocab_size": vocab, "num_classes": classes, "fingerprint": f"{task}{vocab}{classes}"}
@@ -88,7 +88,7 @@ def test_a_checkpoint_resumes_only_on_data_its_model_can_take(tmp_path: Path) ->
 def test_a_checkpoint_resumes_on_other_data_only_when_asked(tmp_path: Path) -> None:
     """Same vocabulary, other text (e.g. a run directory shared by two corpora): the model could take it,
     but continuing another run's training silently is refused; ``allow_data_change=true`` allows it."""
-    from xfam.build import check_checkpoint_data
+    from xfam.model.build import check_checkpoint_data
 
     info = {"task": "lm", "vocab_size": 257, "num_classes": None, "fingerprint": "aaaa1111"}
     config = {"model": {"vocab_size": None}}

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tests.integration.helpers import flip_a_tensor_bit
-from xfam.errors import ConfigError
-from xfam.lit import checkpoint
-from xfam.lit.checkpoint import DIGEST_KEY, AtomicCheckpointIO, DiskFullError, digest
-from xfam.runner import check_room, newest_readable, write_record
+from xfam.core.errors import ConfigError
+from xfam.training.lit import checkpoint
+from xfam.training.lit.checkpoint import DIGEST_KEY, AtomicCheckpointIO, DiskFullError, digest
+from xfam.training.runner import check_room, newest_readable, write_record
 
 
 def xfam_ckpt(dim: int = 32, step: int = 0) -> dict:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from xfam import compat
 from xfam.attention import ATTENTION
-from xfam.compat import Selection
 from xfam.exit import EXIT
 from xfam.memory import MEMORY
+from xfam.model import compat
+from xfam.model.compat import Selection
 from xfam.pos import POS
 
 

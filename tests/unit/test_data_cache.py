@@ -22,8 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from xfam.core.registry import defaults_of
 from xfam.data import DATA
-from xfam.registry import defaults_of
 
 SPLITS = ("train", "validation", "test")
 WORDS = ["ash", "birch", "cedar", "elm", "fir", "hazel", "larch", "maple", "oak", "pine", "rowan", "yew"]

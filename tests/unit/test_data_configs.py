@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xfam.core.registry import defaults_of
 from xfam.data import DATA
-from xfam.registry import defaults_of
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xfam.core.errors import ConfigError
 from xfam.data import DATA
 from xfam.data.hf import HFSource
-from xfam.errors import ConfigError
 
 WORDS = ["red", "green", "blue", "cyan", "magenta", "yellow", "black", "white"]
 

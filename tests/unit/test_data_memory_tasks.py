@@ -192,7 +192,7 @@ def test_far_recall_filler_rule_holds_and_its_targets_count():
 def test_far_recall_episodes_are_documents():
     src = far()
     batch = src.collate([src.split("train")[i] for i in range(8)])  # two episodes, in stream order
-    # <eos> is the last input of an episode and nowhere else, so the streams carry (xfam.lit.module: a row
+    # <eos> is the last input of an episode and nowhere else, so the streams carry (xfam.training.lit.module: a row
     # ending in <eos> closes its document) starts a new document exactly at every episode's first token
     eos = batch["input_ids"] == src.eos_id  # [8, S]
     assert eos[3::4, -1].all() and eos.sum() == 2

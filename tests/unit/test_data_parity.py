@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.integration.helpers import compose_cfg
+from xfam.core.errors import ConfigError
 from xfam.data import DATA
 from xfam.data.parity import MINUS, PAD, PLUS, ZERO, Parity, _rows, difficulty, parity_rows
-from xfam.errors import ConfigError
-from xfam.runner import train
+from xfam.training.runner import train
 
 SMALL = {"seq_len": 10, "num_train": 3000, "num_val": 200, "num_test": 200}
 

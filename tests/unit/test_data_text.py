@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xfam.core.errors import ConfigError
 from xfam.data import DATA
 from xfam.data.packing import _Packer, pack_rows, unigram_entropy_bits
 from xfam.data.text import TextSource, _unit, discover
 from xfam.data.tokenize import ByteTokenizer
-from xfam.errors import ConfigError
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 from doubles import build_model, decode_logits
 
-from xfam import compat
 from xfam.attention import ATTENTION
+from xfam.core.sinusoid import TimestepSignal
 from xfam.exit import EXIT
 from xfam.exit.act import ACT
 from xfam.memory import MEMORY
+from xfam.model import compat
 from xfam.pos import POS
-from xfam.pos.timestep import TimestepSignal
 
 V, D = 13, 8
 
@@ -167,7 +167,7 @@ def test_memory_is_refused_with_the_reason():
 
 def test_evaluation_reports_the_depth_used_and_the_compute_saved():
     """The exit slot's inference report: mean layers per scored token and 1 - depth / layers, summed exactly."""
-    from xfam.metrics import batch_stats, summarize
+    from xfam.eval.metrics import batch_stats, summarize
 
     logits = torch.zeros(2, 3, V)
     labels = torch.tensor([[1, 2, -100], [3, -100, -100]])  # 3 scored tokens

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from xfam.exit.calibrate import (
+from xfam.eval.calibrate import (
     binomial_cdf,
     grid_threshold,
     hoeffding_bentkus_pvalue,

@@ -2,7 +2,7 @@
 
 The reference for every early-exit pass is a plain model (``exit=none``) with the same weights whose blocks are
 hooked so that, after a token's exit layer, each block's output at that token is replaced by its input: the
-token's state is copied upwards while the later layers still run on the copy (``xfam.exit.early``).
+token's state is copied upwards while the later layers still run on the copy (``xfam.exit._early``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from doubles import build_model, decode_logits
 
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
 from xfam.exit import EXIT
 from xfam.exit.calm import CALM
 from xfam.exit.depth_adaptive import DepthAdaptive

@@ -1,4 +1,4 @@
-"""xfam.exit.inference: inference options on a trained policy, and the threshold sweep of calibration."""
+"""xfam.eval.inference: inference options on a trained policy, and the threshold sweep of calibration."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.errors import ConfigError
-from xfam.exit.inference import agreement, set_exit_options, threshold_sweep
+from xfam.core.errors import ConfigError
+from xfam.eval.inference import agreement, set_exit_options, threshold_sweep
 
 CONFIG = {"exit": {"name": "calm", "threshold": 0.9}}
 

@@ -1,4 +1,4 @@
-"""Length-extrapolation evaluation (xfam/extrapolation.py): which targets each protocol scores, with how
+"""Length-extrapolation evaluation (xfam/eval/extrapolation.py): which targets each protocol scores, with how
 much context, and that the batched computation equals scoring each target by hand."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from doubles import build_model
 from torch import Tensor, nn
 
+from xfam.core.errors import ConfigError
 from xfam.data.packing import pack_rows
-from xfam.errors import ConfigError
-from xfam.extrapolation import evaluate_length, split_stream, token_nll, windows
+from xfam.eval.extrapolation import evaluate_length, split_stream, token_nll, windows
 
 V = 13
 

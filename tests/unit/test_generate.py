@@ -6,8 +6,8 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.errors import ConfigError
-from xfam.generate import filter_logits, generate
+from xfam.core.errors import ConfigError
+from xfam.eval.generate import filter_logits, generate
 
 
 def test_top_k_keeps_the_k_largest() -> None:

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from doubles import build_model
 
 import xfam.knnlm.search as search
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.eval.knnlm import KnnScorer
 from xfam.knnlm import (
     Datastore,
     DatastoreWriter,
@@ -26,7 +27,6 @@ from xfam.knnlm import (
     knn_log_probs,
     knn_target_log_probs,
 )
-from xfam.knnlm.run import KnnScorer
 from xfam.knnlm.search import ExactIndex, FaissIndex
 
 IDENTITY = {"path": "/ckpt/a.ckpt", "step": 6, "weights_sha256": "a" * 64}
@@ -270,7 +270,7 @@ def test_unsupported_models_are_refused() -> None:
 
 
 def test_generation_draws_from_the_interpolation_with_the_decode_cache_keys(tmp_path: Path) -> None:
-    from xfam.generate import generate
+    from xfam.eval.generate import generate
     from xfam.knnlm import KnnMixer
 
     model = build_model(pos="rope", vocab_size=13)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xfam.attention.mask import AttnMask
 from xfam.attention.vanilla import Vanilla, reference_attention
+from xfam.core.mask import AttnMask
 
 
 def brute_force(mask: AttnMask, batch: int) -> torch.Tensor:

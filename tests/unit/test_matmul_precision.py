@@ -6,7 +6,7 @@ import lightning as L
 import pytest
 import torch
 
-from xfam.lit.callbacks import MatmulPrecision
+from xfam.training.lit.callbacks import MatmulPrecision
 
 
 class _Probe(L.LightningModule):

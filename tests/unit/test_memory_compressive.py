@@ -8,11 +8,11 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam import compat
-from xfam.attention.base import ATTENTION
-from xfam.exit.base import EXIT
-from xfam.memory.base import MEMORY
-from xfam.pos.base import POS
+from xfam.attention._base import ATTENTION
+from xfam.exit._base import EXIT
+from xfam.memory._base import MEMORY
+from xfam.model import compat
+from xfam.pos._base import POS
 
 V = 13
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from doubles import build_model
 
-from xfam.memory import knn
-from xfam.memory.base import MEMORY
+from xfam.memory import _knn as knn
+from xfam.memory._base import MEMORY
 
 V = 13
 AT_1 = {"name": "xl", "mem_len": 0, "per_layer": {"1": {"name": "memorizing", "topk": 4, "store_size": 10}}}

@@ -12,14 +12,14 @@ import pytest
 import torch
 from doubles import assert_decode_equals_full, assert_no_causal_leak, assert_same_model, build_model
 
-from xfam import compat
 from xfam.attention import ATTENTION
-from xfam.attention.mask import SHARED
-from xfam.cli.hydra_app import precheck
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.mask import SHARED
 from xfam.exit import EXIT
 from xfam.memory import MEMORY
+from xfam.model import compat
 from xfam.pos import POS
+from xfam.training.hydra_app import precheck
 
 V, G = 13, 3
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam import compat
-from xfam.attention.base import ATTENTION
+from xfam.attention._base import ATTENTION
 from xfam.config import streams_of
-from xfam.exit.base import EXIT
-from xfam.memory.base import MEMORY
-from xfam.pos.base import POS
+from xfam.exit._base import EXIT
+from xfam.memory._base import MEMORY
+from xfam.model import compat
+from xfam.pos._base import POS
 
 V = 13
 
@@ -120,7 +120,7 @@ def test_the_lightning_module_continues_document_ids_across_batches():
     carried ids make the segmented run equal one run over the whole stream with its document ids."""
     from tests.integration.helpers import compose_cfg
     from xfam.data.base import collate_lm
-    from xfam.lit.module import XfamLitModule
+    from xfam.training.lit.module import XfamLitModule
 
     eos, s = 12, 6
     cfg = compose_cfg(["memory=xl", "memory.mem_len=32", "model.dim=32", "model.layers=2", "model.heads=2"])

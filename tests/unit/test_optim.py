@@ -8,8 +8,8 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.lit.optim import lr_factor, make_optimizer, param_groups
-from xfam.specs import OptimSpec
+from xfam.config.specs import OptimSpec
+from xfam.training.lit.optim import lr_factor, make_optimizer, param_groups
 
 
 def test_only_weight_matrices_decay() -> None:

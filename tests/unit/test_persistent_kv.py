@@ -14,11 +14,12 @@ import pytest
 import torch
 from doubles import ToyModifier, assert_decode_equals_full, assert_no_causal_leak, assert_same_model, build_model
 
-from xfam.attention import ATTENTION, AttnMask
-from xfam.cli.hydra_app import precheck
-from xfam.errors import ConfigError
-from xfam.model.block import LayerContext
+from xfam.attention import ATTENTION
+from xfam.core.context import LayerContext
+from xfam.core.errors import ConfigError
+from xfam.core.mask import AttnMask
 from xfam.pos.alibi import AlibiBias
+from xfam.training.hydra_app import precheck
 
 V, B, H, DH, P = 13, 2, 4, 8, 3
 

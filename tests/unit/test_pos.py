@@ -8,8 +8,8 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.attention.mask import AttnMask
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.mask import AttnMask
 from xfam.pos import POS
 from xfam.pos.alibi import Alibi, alibi_slopes
 from xfam.pos.learned import Learned

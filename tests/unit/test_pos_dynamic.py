@@ -6,8 +6,8 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.mask import AttnMask
+from xfam.attention._base import ATTENTION
+from xfam.core.mask import AttnMask
 from xfam.pos.dynamic import DynamicBias
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.attention.mask import AttnMask
 from xfam.attention.vanilla import reference_attention
+from xfam.core.mask import AttnMask
 from xfam.pos.shaw import ShawModifier
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.attention.mask import AttnMask
+from xfam.core.mask import AttnMask
 from xfam.pos.t5 import T5, T5Bias, t5_bucket
 
 
@@ -90,7 +90,7 @@ def test_the_smallest_tables_the_check_accepts_bucket_every_distance():
 def test_sparse_paths_evaluate_the_bias_on_their_visited_pairs(name, causal):
     """The block engine's T5 bias (on gathered pairs) equals dense attention with the dense bias, masked
     to the pattern (the dense_sparse_attention reference)."""
-    from xfam.attention.base import ATTENTION
+    from xfam.attention._base import ATTENTION
 
     torch.manual_seed(0)
     bias = T5Bias(heads=4, causal=causal, num_buckets=8, max_distance=12)

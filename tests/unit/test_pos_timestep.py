@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from xfam.pos.sinusoidal import sinusoid_table
-from xfam.pos.timestep import TimestepSignal
+from xfam.core.sinusoid import TimestepSignal, sinusoid_table
 
 
 @pytest.mark.parametrize(("i", "t"), [(0, 0), (3, 1), (7, 5), (100, 12)])

@@ -8,8 +8,8 @@ import pytest
 import torch
 from doubles import build_model
 
-from xfam.attention.mask import AttnMask
-from xfam.pos.sinusoidal import sinusoid_table
+from xfam.core.mask import AttnMask
+from xfam.core.sinusoid import sinusoid_table
 from xfam.pos.xl import XLModifier
 
 

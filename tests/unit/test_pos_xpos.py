@@ -9,10 +9,10 @@ import pytest
 import torch
 from doubles import build_model, decode_logits
 
-from xfam import compat
 from xfam.attention import ATTENTION
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
 from xfam.exit import EXIT
+from xfam.model import compat
 from xfam.pos import POS
 from xfam.pos.rope import Rope
 

@@ -1,4 +1,4 @@
-"""xfam.lit.preempt without training: the signal handler only records, the stop happens at an optimizer
+"""xfam.training.lit.preempt without training: the signal handler only records, the stop happens at an optimizer
 step boundary with a checkpoint first, only rank zero requeues and only for the requeue signal, and
 ``scontrol`` failures are reported. (The end-to-end path with real signals: tests/integration/test_preemption.py.)"""
 
@@ -13,9 +13,9 @@ from unittest import mock
 import pytest
 import torch
 
-from xfam.lit import preempt
-from xfam.lit.preempt import Preempted, Preemption, requeue, slurm_job_id
-from xfam.lit.step_checkpoint import StepCheckpoint
+from xfam.training.lit import preempt
+from xfam.training.lit.preempt import Preempted, Preemption, requeue, slurm_job_id
+from xfam.training.lit.step_checkpoint import StepCheckpoint
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 import pytest
 
 from xfam.attention import ATTENTION
-from xfam.errors import ConfigError, close_matches
+from xfam.core.errors import ConfigError, close_matches
+from xfam.core.registry import Component, Range, Registry, check_params, defaults_of
 from xfam.pos import POS
-from xfam.registry import Component, Range, Registry, check_params, defaults_of
 
 
 class Widget(Component):

@@ -7,19 +7,19 @@ import pytest
 import torch
 from doubles import build_model, decode_logits
 
-from xfam import compat
-from xfam.attention.base import ATTENTION
-from xfam.exit.base import EXIT
-from xfam.memory.base import MEMORY
+from xfam.attention._base import ATTENTION
+from xfam.exit._base import EXIT
+from xfam.memory._base import MEMORY
+from xfam.model import compat
 from xfam.model.reversible import RevBlock
 from xfam.model.spec import ModelSpec
-from xfam.pos.base import POS
+from xfam.pos._base import POS
 
 
 def two_stream_reference(model, tokens: torch.Tensor) -> torch.Tensor:
     """The same reversible model with every activation kept by ordinary autograd."""
-    from xfam.attention.mask import AttnMask
-    from xfam.model.block import LayerContext
+    from xfam.core.context import LayerContext
+    from xfam.core.mask import AttnMask
 
     s = tokens.shape[1]
     x = model.drop(model.pos.embed(model.embed(tokens), torch.arange(s)))

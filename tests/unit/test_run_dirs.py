@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from xfam.cli.hydra_app import dirname
-from xfam.errors import ConfigError
-from xfam.hydra_callbacks import summarize, write_tables
-from xfam.runner import holds_run, resolve_checkpoint, undo_on_failure
+from xfam.core.errors import ConfigError
+from xfam.training.hydra_app import dirname
+from xfam.training.hydra_callbacks import summarize, write_tables
+from xfam.training.runner import holds_run, resolve_checkpoint, undo_on_failure
 
 
 def test_dirname_is_deterministic_readable_and_usable_unquoted_in_an_override() -> None:

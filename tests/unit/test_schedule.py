@@ -1,4 +1,4 @@
-"""Per-layer and per-head schedules (xfam.schedule), through the model builder and by hand."""
+"""Per-layer and per-head schedules (xfam.core.schedule), through the model builder and by hand."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 from doubles import build_model, decode_logits
 
-from xfam.attention.groups import HeadGroups
-from xfam.attention.mask import AttnMask
 from xfam.attention.vanilla import Vanilla
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.mask import AttnMask
+from xfam.core.schedule import per_head, per_layer
+from xfam.model.head_groups import HeadGroups
 from xfam.model.transformer import build_mechanism
 from xfam.pos.alibi import AlibiBias
-from xfam.schedule import per_head, per_layer
 
 
 def layer_params(attention: dict, layers: int = 4) -> list[dict]:

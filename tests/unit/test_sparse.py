@@ -7,18 +7,18 @@ import pytest
 import torch
 from doubles import TableBias
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.local import BlockLocalPattern, WindowPattern
-from xfam.attention.mask import AttnMask
-from xfam.attention.sparse import (
+from xfam.attention._base import ATTENTION
+from xfam.attention._sparse import (
     SparsePattern,
     auto_block,
     block_sparse_attention,
     dense_sparse_attention,
     pattern_dense,
 )
-from xfam.attention.sparse.engine import geometry
+from xfam.attention._sparse.engine import geometry
+from xfam.attention.local import BlockLocalPattern, WindowPattern
 from xfam.attention.vanilla import reference_attention
+from xfam.core.mask import AttnMask
 from xfam.pos.alibi import AlibiBias
 
 B, H, DH = 2, 4, 8

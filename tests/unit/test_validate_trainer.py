@@ -1,4 +1,4 @@
-"""``validate`` beyond the slots: Lightning's Trainer arguments (``xfam.trainer_args``), deleted keys, the run
+"""``validate`` beyond the slots: Lightning's Trainer arguments (``xfam.config.trainer_args``), deleted keys, the run
 name, model.causal against the task, the metrics a run reports, wandb credentials, Triton tile sizes and the
 ``xfam generate`` length; each refused before anything is written, with the fix."""
 
@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from tests.integration.helpers import ROOT, compose_cfg
-from xfam import trainer_args
-from xfam.config import check_machine, check_trainer, lightning_trainer_args, validate
-from xfam.errors import ConfigError
-from xfam.generate import generate
+from xfam.config import check_machine, check_trainer, lightning_trainer_args, trainer_args, validate
+from xfam.core.errors import ConfigError
+from xfam.eval.generate import generate
 from xfam.model.spec import ModelSpec
 from xfam.model.transformer import XfamModel
 
@@ -339,8 +338,8 @@ def test_the_checkpoint_monitor_must_be_logged(base: dict) -> None:
 
 
 def test_wandb_online_needs_credentials_here(base: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from xfam.lit.trainer import wandb_mode
-    from xfam.specs import LoggerSpec
+    from xfam.config.specs import LoggerSpec
+    from xfam.training.lit.trainer import wandb_mode
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

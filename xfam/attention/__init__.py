@@ -17,7 +17,6 @@ from xfam.attention import (  # noqa: F401  (registration)
     strided,
     vanilla,
 )
-from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, additive_mask, expand_kv
-from xfam.attention.mask import AttnMask
+from xfam.attention._base import ATTENTION, AttentionMechanism
 
-__all__ = ["ATTENTION", "AttentionMechanism", "AttnMask", "DecodeState", "additive_mask", "expand_kv"]
+__all__ = ["ATTENTION", "AttentionMechanism"]

@@ -24,12 +24,12 @@ Paths (``backend``):
   ``window = floor(R + max z) + 1`` positions away are visited (rounded up to a multiple of ``block`` so
   the shapes change only when a span crosses a block boundary: no reshaping every step, at most
   ``(S + R) / block`` distinct shapes for a compiler). The window is re-derived from the spans at
-  every call, through the block engine's banded geometry (``xfam.attention.sparse``). The mask
+  every call, through the block engine's banded geometry (``xfam.attention._sparse``). The mask
   enters as ``log m`` added to the scores (``softmax(s + log m)`` is the renormalised formula);
   ``x`` is the same for every query block of a band, so a static mask is one ``[H, b, K*b]`` tile.
 * ``dense``: the formula literally over ``Sq x Sk`` (``m * exp(s)``, renormalised), the reference.
 * ``triton`` (static spans, ``auto`` on CUDA): the flash kernel with the soft mask in-kernel
-  (``xfam.attention.fused``): its loops stop at the largest reach, and it returns d z_h itself.
+  (``xfam.attention._fused``): its loops stop at the largest reach, and it returns d z_h itself.
 
 The span is stored, as in the authors' code, as a ratio in ``[0, 1]`` times ``S`` (so an optimiser
 moves it by a fraction of S per step) and projected back onto ``[0, 1]`` after each update; here
@@ -48,13 +48,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.attention import fused
-from xfam.attention.base import ATTENTION, AttentionMechanism, expand_kv
+from xfam.attention import _fused as fused
+from xfam.attention._base import ATTENTION, AttentionMechanism
+from xfam.attention._sparse.engine import _additive, _batch_ok, _blocks, _keys, _pairs, _softmax, geometry
 from xfam.attention.local import WindowPattern
-from xfam.attention.mask import AttnMask
-from xfam.attention.sparse.engine import _additive, _batch_ok, _blocks, _keys, _pairs, _softmax, geometry
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import NonNegative, Positive, Probability, Range
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.registry import NonNegative, Positive, Probability, Range
+from xfam.core.state import expand_kv
 
 #: ``log m`` where ``m = 0``: exp underflows to exactly 0 (fp32 and fp64) while the scores stay finite,
 #: so a padding row whose visible keys are all out of span cannot turn into NaN.
@@ -172,7 +173,7 @@ class AdaptiveSpan(AttentionMechanism):
         dropout: dropout on the attention probabilities.
     """
 
-    decay_params = ("span_proj",)  # the dynamic span's weights (xfam.lit.optim)
+    decay_params = ("span_proj",)  # the dynamic span's weights (xfam.training.lit.optim)
 
     paper = "Sukhbaatar et al., 2019, arXiv:1905.07799"
 

@@ -28,11 +28,11 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.mask import AttnMask
-from xfam.attention.sparse import SparseMechanism, SparsePattern
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import NonNegative, Positive, Probability
+from xfam.attention._base import ATTENTION
+from xfam.attention._sparse import SparseMechanism, SparsePattern
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.registry import NonNegative, Positive, Probability
 
 _P = 2**31 - 1  # hash modulus: products with the multiplier stay far inside int64
 

@@ -27,12 +27,12 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.factorized import layout_from_blocks
-from xfam.attention.mask import AttnMask
-from xfam.attention.sparse import SparseMechanism, SparsePattern
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import Positive, Probability
+from xfam.attention._base import ATTENTION
+from xfam.attention._factorized import layout_from_blocks
+from xfam.attention._sparse import SparseMechanism, SparsePattern
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Positive, Probability
 
 
 def default_shifts(n_blocks: int, heads: int) -> list[int]:

@@ -30,19 +30,20 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION, AttentionMechanism, expand_kv
-from xfam.attention.mask import AttnMask
-from xfam.attention.sparse import (
+from xfam.attention._base import ATTENTION, AttentionMechanism
+from xfam.attention._sparse import (
     SparsePattern,
     block_sparse_attention,
     dense_sparse_attention,
     window_band,
     window_layout,
 )
-from xfam.attention.sparse.engine import dense_rows
-from xfam.logs import log_once
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import Positive, Probability, defaults_of
+from xfam.attention._sparse.engine import dense_rows
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.logs import log_once
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Positive, Probability, defaults_of
+from xfam.core.state import expand_kv
 
 #: Refusal of ``model.num_memory_tokens`` with ETC (build-time check and model builder).
 MEMORY_TOKENS_REFUSAL = (

@@ -10,7 +10,7 @@ every block, before and after i). The paper chose ``c in {8, 16, 32}`` for ``l i
 Every head uses the same summary positions; the paper found distinct sub-blocks of length c per head
 preferable (sec. 4.2), which this pattern does not offer.
 
-A head uses ``A(1)``, ``A(2)`` or their union (``part``); see ``xfam.attention.factorized`` for the
+A head uses ``A(1)``, ``A(2)`` or their union (``part``); see ``xfam.attention._factorized`` for the
 three ways to use them in a model and for the paths. The factorised path computes A(1)
 block-diagonally (``[B, H, N / l, l, l]`` scores) and A(2) against the ``G = c N / l`` gathered
 summary keys, shared by every query (``[B, H, N, G]``): O(N (l + c N / l)) time and memory, never
@@ -28,9 +28,9 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.factorized import Band, FactorizedMechanism, FactorizedPattern, Part
-from xfam.registry import Positive, Probability
+from xfam.attention._base import ATTENTION
+from xfam.attention._factorized import Band, FactorizedMechanism, FactorizedPattern, Part
+from xfam.core.registry import Positive, Probability
 
 
 class Keys:
@@ -102,7 +102,7 @@ class Fixed(FactorizedMechanism):
         part: which subset this head (or layer) uses: ``1`` (A(1)), ``2`` (A(2)) or ``union``
             (both merged into one head). Vary it with ``per_layer`` / ``per_head``.
         block: tile of the block engine (speed only).
-        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` | ``triton`` (see ``xfam.attention.factorized``).
+        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` | ``triton`` (see ``xfam.attention._factorized``).
         dropout: dropout on the attention probabilities.
     """
 

@@ -34,11 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.attention.base import ATTENTION, AttentionMechanism, expand_kv
-from xfam.attention.mask import AttnMask
-from xfam.logs import log_once
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import Positive, Probability
+from xfam.attention._base import ATTENTION, AttentionMechanism
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.logs import log_once
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Positive, Probability
+from xfam.core.state import expand_kv
 
 
 class SeqProjection(nn.Module):
@@ -48,7 +49,9 @@ class SeqProjection(nn.Module):
     by heads) or Hkv.
     """
 
-    decay_params = ("weight",)  # the projection matrix decays like a Linear weight (xfam.lit.optim.param_groups)
+    decay_params = (
+        "weight",
+    )  # the projection matrix decays like a Linear weight (xfam.training.lit.optim.param_groups)
 
     def __init__(self, kind: str, k: int, max_len: int, heads: int, head_dim: int, init: str):
         super().__init__()

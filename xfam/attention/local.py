@@ -1,7 +1,7 @@
 """Local attention: a sliding window (Beltagy et al., 2020, sec. 3.1; causal look-back or
 bidirectional radius), or Image Transformer 1D local attention (Parmar et al., 2018, sec. 3.2):
 queries in non-overlapping blocks of ``query_block`` positions attend to their own block plus the
-``memory`` positions before it. O(L * w) through the block engine (``xfam.attention.sparse``).
+``memory`` positions before it. O(L * w) through the block engine (``xfam.attention._sparse``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
-from xfam.registry import NonNegative, Positive, Probability
+from xfam.attention._base import ATTENTION
+from xfam.attention._sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
+from xfam.core.registry import NonNegative, Positive, Probability
 
 
 class WindowPattern(SparsePattern):

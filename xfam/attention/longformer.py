@@ -41,9 +41,9 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
-from xfam.registry import NonNegative, Positive, Probability
+from xfam.attention._base import ATTENTION
+from xfam.attention._sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
+from xfam.core.registry import NonNegative, Positive, Probability
 
 
 class LongformerPattern(SparsePattern):

@@ -44,11 +44,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, expand_kv
-from xfam.attention.mask import AttnMask, same_document
-from xfam.logs import log_once
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import Positive, Probability
+from xfam.attention._base import ATTENTION, AttentionMechanism
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.logs import log_once
+from xfam.core.mask import AttnMask, same_document
+from xfam.core.registry import Positive, Probability
+from xfam.core.state import DecodeState, expand_kv
 
 SELF_PENALTY = 1e5  # the paper's m_ii: self only when nothing else is visible
 

@@ -8,7 +8,7 @@ features (Lemma 1):
 
 with w_r ~ N(0, I_Dh), drawn as orthogonal random features (sec. 2.4: blocks of Dh orthogonal rows
 rescaled by chi(Dh) lengths; lower variance, still unbiased). Attention is then linear attention
-(``xfam.attention.linear``): bidirectional through the global sums, causal through chunked prefix
+(``xfam.attention._linear``): bidirectional through the global sums, causal through chunked prefix
 sums (memory linear in L), decoding through the running sums. Shapes: q ``[B, H, Sq, Dh]``, k/v
 ``[B, Hkv, Sk, Dh]``, features ``[B, H, S, m]``, state ``[B, H, m, Dh]``.
 
@@ -30,9 +30,9 @@ from typing import Annotated, Literal
 
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.linear import KernelAttention
-from xfam.registry import Positive
+from xfam.attention._base import ATTENTION
+from xfam.attention._linear import KernelAttention
+from xfam.core.registry import Positive
 
 
 def favor_log_features(x: Tensor, w: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ Random Fourier features (Rahimi & Recht, 2007; RFA eq. 3), ``[..., 2m]``:
 
 so exp(x . y / sigma^2) = exp(|x|^2 / 2sigma^2) exp(|y|^2 / 2sigma^2) E[phi(x) . phi(y)] (eq. 4): the
 softmax kernel RFA approximates. With the paper's l2-normalised queries and keys the norm factors
-are constants and cancel, and attention is linear attention with phi (eq. 5; ``xfam.attention.linear``:
+are constants and cancel, and attention is linear attention with phi (eq. 5; ``xfam.attention._linear``:
 global sums, chunked causal prefix sums, running sums when decoding). Shapes: q ``[B, H, Sq, Dh]``,
 k/v ``[B, Hkv, Sk, Dh]``, features ``[B, H, S, 2m]``.
 
@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.attention.base import ATTENTION, expand_kv
-from xfam.attention.linear import KernelAttention
-from xfam.registry import Positive
+from xfam.attention._base import ATTENTION
+from xfam.attention._linear import KernelAttention
+from xfam.core.registry import Positive
+from xfam.core.state import expand_kv
 
 
 def rff_features(x: Tensor, w: Tensor) -> Tensor:
@@ -89,7 +90,7 @@ class RFA(KernelAttention):
         backend: ``auto`` | ``chunked`` | ``quadratic`` | ``triton`` (see ``performer``).
     """
 
-    decay_params = ("gate_w",)  # the gate's weights, not its bias (xfam.lit.optim)
+    decay_params = ("gate_w",)  # the gate's weights, not its bias (xfam.training.lit.optim)
 
     paper = "Peng et al., ICLR 2021, arXiv:2103.02143"
 

@@ -36,12 +36,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState, expand_kv
+from xfam.attention._base import ATTENTION, AttentionMechanism
 from xfam.attention.lsh import _gather_rows, _pair_ok, _pairs_bias, bucket_attention, combine_rounds, recompute
-from xfam.attention.mask import AttnMask
-from xfam.logs import log_once
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import NonNegative, Positive, Probability
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.logs import log_once
+from xfam.core.mask import AttnMask
+from xfam.core.registry import NonNegative, Positive, Probability
+from xfam.core.state import DecodeState, expand_kv
 
 
 @ATTENTION.register("routing")

@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.attention.base import ATTENTION, AttentionMechanism
+from xfam.attention._base import ATTENTION, AttentionMechanism
 from xfam.attention.lsh import _pair_ok
-from xfam.attention.mask import AttnMask
-from xfam.logs import log_once
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import Positive, Probability
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.logs import log_once
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Positive, Probability
 
 NEG = -1e9  # log-space mask inside Sinkhorn (computed in fp32 at least)
 
@@ -80,7 +80,7 @@ class Sinkhorn(AttentionMechanism):
         dropout: dropout on the attention probabilities.
     """
 
-    decay_params = ("w_p", "w_b")  # the sorting network's matrices decay, its biases not (xfam.lit.optim)
+    decay_params = ("w_p", "w_b")  # the sorting network's matrices decay, its biases not (xfam.training.lit.optim)
 
     paper = "Tay et al., 2020, arXiv:2002.11296"
     accepts_bias = False

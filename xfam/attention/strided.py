@@ -8,7 +8,7 @@ Causal (the paper's autoregressive case): both intersected with ``j <= i``, as w
 Bidirectional: the same definitions without the causal cut, i.e. the symmetric forms
 ``A(1)_i = {j : |i - j| <= l}`` and ``A(2)_i = {j : (i - j) mod l = 0}`` over the whole sequence.
 
-A head uses ``A(1)``, ``A(2)`` or their union (``part``); see ``xfam.attention.factorized`` for the
+A head uses ``A(1)``, ``A(2)`` or their union (``part``); see ``xfam.attention._factorized`` for the
 three ways to use them in a model and for the paths. The factorised path computes A(1) as a band
 (query blocks of ``qb`` against ``l + qb`` keys, ``2 l + qb`` bidirectional) and A(2) on the
 transposed ``[l, R]`` grid (each query against the ``R = N / l`` keys of its column): O(N (l + qb +
@@ -25,9 +25,9 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.attention.base import ATTENTION
-from xfam.attention.factorized import Band, FactorizedMechanism, FactorizedPattern, Part
-from xfam.registry import Positive, Probability
+from xfam.attention._base import ATTENTION
+from xfam.attention._factorized import Band, FactorizedMechanism, FactorizedPattern, Part
+from xfam.core.registry import Positive, Probability
 
 
 class Column:
@@ -105,7 +105,7 @@ class Strided(FactorizedMechanism):
         part: which subset this head (or layer) uses: ``1`` (A(1)), ``2`` (A(2)) or ``union``
             (both merged into one head). Vary it with ``per_layer`` / ``per_head``.
         block: query block of the band factor and tile of the block engine (speed only).
-        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` | ``triton`` (see ``xfam.attention.factorized``).
+        backend: ``auto`` | ``factorized`` | ``block`` | ``dense`` | ``triton`` (see ``xfam.attention._factorized``).
         dropout: dropout on the attention probabilities.
     """
 

@@ -6,7 +6,7 @@ Three paths behind ``backend``:
   kernels; grouped-query heads natively). Takes the mask as a causal flag when it is plainly
   causal, else as one additive tensor that folds in the score bias.
 * ``torch`` -- the einsum reference: explicit scores, so it can host score modifiers.
-* ``triton`` -- xfam's fused flash kernel (``xfam.attention.fused``): masks, ALiBi and T5 biases
+* ``triton`` -- xfam's fused flash kernel (``xfam.attention._fused``): masks, ALiBi and T5 biases
   in-kernel, so a biased or windowed call never materialises an ``Sq x Sk`` tensor.
 
 ``auto`` takes the Triton kernel on CUDA for the calls it computes exactly, else sdpa, or torch when a
@@ -26,11 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from xfam.attention import fused
-from xfam.attention.base import ATTENTION, AttentionMechanism, additive_mask, expand_kv
-from xfam.attention.mask import AttnMask
-from xfam.pos.base import ScoreBias, ScoreModifier
-from xfam.registry import Probability
+from xfam.attention import _fused as fused
+from xfam.attention._base import ATTENTION, AttentionMechanism
+from xfam.core.bias import ScoreBias, ScoreModifier, additive_mask
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Probability
+from xfam.core.state import expand_kv
 
 
 def reference_attention(

@@ -16,10 +16,10 @@ import torch
 from rich.progress import track
 
 from xfam.cli.evaluate import split_loader
-from xfam.errors import ConfigError
-from xfam.exit.calibrate import grid_threshold, hoeffding_bentkus_pvalue, ltt_threshold
-from xfam.exit.inference import compares_full_depth, set_exit_options, threshold_sweep
-from xfam.lit.checkpoint import load_model
+from xfam.core.errors import ConfigError
+from xfam.eval.calibrate import grid_threshold, hoeffding_bentkus_pvalue, ltt_threshold
+from xfam.eval.inference import compares_full_depth, set_exit_options, threshold_sweep
+from xfam.training.lit.checkpoint import load_model
 
 #: Default candidates, most conservative first (confidences near 1 exit least; saturation is a cosine).
 GRIDS = {

@@ -16,14 +16,14 @@ from rich.progress import Progress
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from xfam.build import build_data
 from xfam.config import resolve_streams
+from xfam.core.logs import log
 from xfam.data.module import XfamDataModule
-from xfam.exit.inference import compares_full_depth, full_depth_stats, set_exit_options, summarize_full_depth
-from xfam.lit.checkpoint import load_model
-from xfam.logs import log
-from xfam.memory.carry import carried_inputs, next_carry
-from xfam.metrics import add_stats, batch_stats, summarize
+from xfam.eval.carry import carried_inputs, next_carry
+from xfam.eval.inference import compares_full_depth, full_depth_stats, set_exit_options, summarize_full_depth
+from xfam.eval.metrics import add_stats, batch_stats, summarize
+from xfam.model.build import build_data
+from xfam.training.lit.checkpoint import load_model
 
 
 def split_loader(

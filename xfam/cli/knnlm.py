@@ -51,7 +51,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
-    from xfam.knnlm.run import build_datastore, score
+    from xfam.eval.knnlm import build_datastore, score
 
     if args.step == "build":
         path = build_datastore(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from xfam import compat
 from xfam.config import SLOTS
+from xfam.core.registry import Registry, defaults_of
 from xfam.data.base import DATA
-from xfam.registry import Registry, defaults_of
+from xfam.model import compat
 
 
 def capabilities(registry: Registry) -> list[str]:

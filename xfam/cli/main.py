@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from xfam.errors import ConfigError, did_you_mean
+from xfam.core.errors import ConfigError, did_you_mean
 
 
 class Parser(argparse.ArgumentParser):

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from xfam.core.errors import ConfigError
 from xfam.data.tokenize import tokenizer_from_state
-from xfam.errors import ConfigError
-from xfam.exit.inference import agreement, compares_full_depth, full_depth_logits, set_exit_options
-from xfam.generate import generate
-from xfam.lit.checkpoint import load_model
+from xfam.eval.generate import generate
+from xfam.eval.inference import agreement, compares_full_depth, full_depth_logits, set_exit_options
+from xfam.training.lit.checkpoint import load_model
 
 if TYPE_CHECKING:
     from xfam.knnlm import KnnMixer

@@ -19,10 +19,10 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.packing import NUM_KEY, SPLITS, GeneratedSource, masked_lm_features
 from xfam.data.tokenize import token_dtype
-from xfam.registry import Range
 
 VERSION = "mqar-1"
 PAD = 0

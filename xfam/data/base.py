@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from xfam.registry import Component, Registry
+from xfam.core.registry import Component, Registry
 
 Split = Literal["train", "validation", "test"]
 Task = Literal["lm", "classify"]

@@ -28,9 +28,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xfam.core.errors import ConfigError
+from xfam.core.logs import log
 from xfam.data.tokenize import cache_root
-from xfam.errors import ConfigError
-from xfam.logs import log
 
 #: A check of a loaded stage: None when usable, else what is wrong with it.
 Check = Callable[[Any], "str | None"]

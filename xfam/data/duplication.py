@@ -17,10 +17,10 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.packing import NUM_KEY, SPLITS, GeneratedSource, masked_lm_features
 from xfam.data.tokenize import token_dtype
-from xfam.registry import Range
 
 VERSION = "reformer-duplication-1"
 

@@ -61,11 +61,11 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.packing import NUM_KEY, GeneratedSource, masked_lm_features
 from xfam.data.periodic import period_problems, split_rng, stream_rows
 from xfam.data.tokenize import token_dtype
-from xfam.registry import Range
 
 VERSION = "far-recall-2"
 PAD, EOS = 0, 1

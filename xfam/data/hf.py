@@ -20,11 +20,11 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
+from xfam.core.errors import ConfigError, unknown_choice
+from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.packing import SPLITS, PackedLM
 from xfam.data.tokenize import short_hash
-from xfam.errors import ConfigError, unknown_choice
-from xfam.registry import Range
 
 _TEXT_TYPES = ("string", "large_string")
 

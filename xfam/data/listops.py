@@ -27,10 +27,10 @@ from typing import Annotated, Any
 import numpy as np
 import pyarrow.compute as pc
 
+from xfam.core.errors import ConfigError
+from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.packing import GeneratedSource
-from xfam.errors import ConfigError
-from xfam.registry import Range
 
 OPS = ("[MIN", "[MAX", "[MED", "[SM")
 CLOSE = "]"

@@ -17,9 +17,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from xfam.core.errors import ConfigError
 from xfam.data.base import DataSource, Split
 from xfam.data.sampler import ResumableBatchSampler
-from xfam.errors import ConfigError
 
 
 def _dist() -> tuple[int, int]:

@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xfam.core.errors import ConfigError
 from xfam.data.base import DataSource
 from xfam.data.cache import Check, cached_generate, cached_map, rows_check
 from xfam.data.tokenize import build_tokenizer, short_hash, token_dtype
-from xfam.errors import ConfigError
 
 SPLITS = ("train", "validation", "test")
 #: Enters every cache key: bump it when the stored form of ids or rows changes.

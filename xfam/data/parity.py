@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from xfam.core.registry import Range
 from xfam.data.base import DATA, collate_classify
 from xfam.data.packing import NUM_KEY, SPLITS, GeneratedSource
-from xfam.registry import Range
 
 VERSION = "act-parity-1"
 PAD, ZERO, PLUS, MINUS = 0, 1, 2, 3

@@ -27,11 +27,11 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.packing import NUM_KEY, GeneratedSource, masked_lm_features
 from xfam.data.periodic import period_problems, split_rng, stream_rows
 from xfam.data.tokenize import token_dtype
-from xfam.registry import Range
 
 VERSION = "repeat-segments-1"
 PERIOD = 2  # rows per unit: a segment and its copy

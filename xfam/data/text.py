@@ -37,13 +37,13 @@ from typing import Annotated, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xfam.core.errors import ConfigError
+from xfam.core.logs import log
+from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.cache import Check, cached_generate, rows_check
 from xfam.data.packing import SPLITS, PackedLM, unigram_entropy_bits
 from xfam.data.tokenize import short_hash
-from xfam.errors import ConfigError
-from xfam.logs import log
-from xfam.registry import Range
 
 __all__ = ["TextSource", "discover", "unigram_entropy_bits"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from xfam.logs import log
+from xfam.core.logs import log
 
 EOS = "<eos>"
 

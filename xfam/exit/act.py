@@ -2,7 +2,7 @@
 ACT: Graves, 2016, arXiv:1603.08983, sec. 2).
 
 One weight-shared block is applied up to T = ``model.layers`` times (``blocks_needed = 1``). Before step
-t the coordinate embedding is added (``xfam.pos.timestep``: the step signal, and the position signal
+t the coordinate embedding is added (``xfam.core.sinusoid``: the step signal, and the position signal
 too when ``position_signal``). ``mode=act``: per position, a halting unit p_t = sigmoid(w . s_t + b) reads
 the state, and with N the first step at which the running sum of p reaches 1 - eps (or T):
 
@@ -27,9 +27,9 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from xfam.exit.base import EXIT, ExitOutput, ExitPolicy
-from xfam.pos.timestep import TimestepSignal
-from xfam.registry import Range
+from xfam.core.registry import Range
+from xfam.core.sinusoid import TimestepSignal
+from xfam.exit._base import EXIT, ExitOutput, ExitPolicy
 
 
 @EXIT.register("act")

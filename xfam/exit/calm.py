@@ -22,7 +22,7 @@ head(h^N)] on detached states (``exit/classifier``), class-balanced as in the CA
 it in a second step with the model frozen, xfam alongside the model but it never changes the model.
 An exited
 token's state is copied to the layers it skips and the later tokens' keys and values come from it
-(``xfam.exit.early``). The threshold is calibrated with Learn-then-Test by ``xfam calibrate``.
+(``xfam.exit._early``). The threshold is calibrated with Learn-then-Test by ``xfam calibrate``.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.errors import ConfigError
-from xfam.exit.base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses
-from xfam.exit.early import traverse_all
-from xfam.registry import Range
+from xfam.core.errors import ConfigError
+from xfam.core.registry import Range
+from xfam.exit._base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses
+from xfam.exit._early import traverse_all
 
 Measure = Literal["softmax", "saturation", "classifier"]
 

@@ -25,7 +25,7 @@ the token-specific ones (sigma = 0: no smoothing, the paper's best setting with 
 Inference: ``geometric`` exits at the first layer with chi > ``threshold`` (the paper: 0.5, tuned
 on validation data, e.g. by ``xfam calibrate --method grid``); ``sequence`` and ``multinomial``
 exit at argmax q (the paper), xfam's ``threshold`` asking that q there reach it (0: plain argmax).
-A threshold above 1 disables exits. States are copied above a token's exit (``xfam.exit.early``).
+A threshold above 1 disables exits. States are copied above a token's exit (``xfam.exit._early``).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.errors import ConfigError
-from xfam.exit.base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses, target_nll
-from xfam.exit.early import traverse_all, traverse_with_exits
-from xfam.registry import Range
+from xfam.core.errors import ConfigError
+from xfam.core.registry import Range
+from xfam.exit._base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses, target_nll
+from xfam.exit._early import traverse_all, traverse_with_exits
 
 Head = Callable[..., Tensor]
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from xfam.exit.base import EXIT, ExitOutput, ExitPolicy
+from xfam.exit._base import EXIT, ExitOutput, ExitPolicy
 
 
 @EXIT.register("none")

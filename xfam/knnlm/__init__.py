@@ -6,8 +6,8 @@ the final layer's FFN after its norm) and the value ``w_i`` (the next token); at
 next-token distribution is interpolated with a distribution over the values of the k nearest keys:
 ``p = λ p_kNN + (1 - λ) p_LM``, ``p_kNN(y) ∝ Σ_{neighbours with value y} exp(-d / T)``.
 
-    xfam knnlm build ckpt=PATH split=train          # xfam.knnlm.run.build_datastore
-    xfam knnlm eval ckpt=PATH store=DIR split=test  # xfam.knnlm.run.score
+    xfam knnlm build ckpt=PATH split=train          # xfam.eval.knnlm.build_datastore
+    xfam knnlm eval ckpt=PATH store=DIR split=test  # xfam.eval.knnlm.score
 
 Modules: ``keys`` (capturing the key with a forward hook; which models qualify), ``datastore`` (the
 on-disk store, its manifest and search), ``search`` (exact torch and FAISS indexes), ``interpolate``

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
 from xfam.knnlm.search import Index, exclude_self, make_index
 
 FORMAT = "xfam-knnlm-datastore"

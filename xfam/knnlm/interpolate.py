@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from xfam.knnlm.datastore import Datastore
@@ -97,7 +97,7 @@ def interpolated_log_probs(
 
 
 class KnnMixer:
-    """kNN-LM for sampling (``xfam.generate.generate(knn=...)``): within its context, turns the model's
+    """kNN-LM for sampling (``xfam.eval.generate.generate(knn=...)``): within its context, turns the model's
     next-token logits ``[B, V]`` of the latest forward into kNN-LM log-probabilities ``[B, V]``, the key
     being the final layer's FFN input at the last position of that forward (the prompt, then each new
     token of the decode cache)."""

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
 
 
 def check_supported(model: nn.Module) -> None:

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xfam.errors import ConfigError
-from xfam.logs import log_once
+from xfam.core.errors import ConfigError
+from xfam.core.logs import log_once
 
 INDEXES: tuple[str, ...] = ("exact", "faiss")
 #: Distance entries (fp32) one exact-search step may hold: 2^24 = 64 MiB.

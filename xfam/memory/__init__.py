@@ -1,6 +1,6 @@
 """The ``memory`` slot: what survives across segments. Importing this package registers every memory."""
 
 from xfam.memory import compressive, memorizing, none, spalm, xl  # noqa: F401  (registration)
-from xfam.memory.base import MEMORY, Memory, MemoryState
+from xfam.memory._base import MEMORY, Memory
 
-__all__ = ["MEMORY", "Memory", "MemoryState"]
+__all__ = ["MEMORY", "Memory"]

@@ -46,8 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.memory.base import MEMORY, LayerView, Memory, MemoryState, fifo
-from xfam.registry import Range
+from xfam.core.registry import Range
+from xfam.core.state import LayerView, MemoryState
+from xfam.memory._base import MEMORY, Memory, fifo
 
 Compression = Literal["max", "mean", "conv", "dilated_conv", "most_used"]
 LEARNED = ("conv", "dilated_conv")

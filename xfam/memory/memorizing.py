@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.attention.base import expand_kv
-from xfam.memory.base import MEMORY, LayerView, Memory, MemoryState, fifo
-from xfam.memory.knn import topk_faiss, topk_inner
-from xfam.registry import Range
+from xfam.core.registry import Range
+from xfam.core.state import LayerView, MemoryState, expand_kv
+from xfam.memory._base import MEMORY, Memory, fifo
+from xfam.memory._knn import topk_faiss, topk_inner
 
 
 @MEMORY.register("memorizing")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xfam.memory.base import MEMORY, Memory
+from xfam.memory._base import MEMORY, Memory
 
 
 @MEMORY.register("none")

@@ -34,10 +34,10 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from xfam.errors import ConfigError
-from xfam.memory.base import MEMORY
+from xfam.core.errors import ConfigError
+from xfam.core.registry import Range
+from xfam.memory._base import MEMORY
 from xfam.memory.xl import XLMemory
-from xfam.registry import Range
 
 #: Extra neighbours searched, so that up to this many identical keys can be dropped.
 SPARE = 8
@@ -163,7 +163,7 @@ def open_long_term(store: str | None, index: str) -> tuple[Any, list[nn.Module]]
     verified by its weights' hash); the encoder is wrapped in a list so it is no submodule."""
     from xfam.knnlm.datastore import Datastore, checkpoint_identity, read_manifest
     from xfam.knnlm.keys import check_supported
-    from xfam.lit.checkpoint import load_model
+    from xfam.training.lit.checkpoint import load_model
 
     if store is None:
         raise ConfigError("memory=spalm needs memory.store=DIR (a datastore from `xfam knnlm build`).")

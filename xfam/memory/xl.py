@@ -24,8 +24,9 @@ from typing import Annotated
 
 from torch import Tensor
 
-from xfam.memory.base import MEMORY, LayerView, Memory, MemoryState, fifo
-from xfam.registry import Range
+from xfam.core.registry import Range
+from xfam.core.state import LayerView, MemoryState
+from xfam.memory._base import MEMORY, Memory, fifo
 
 
 @MEMORY.register("xl")

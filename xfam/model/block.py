@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 
@@ -10,30 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xfam.attention.base import AttentionMechanism, DecodeState, expand_kv
-from xfam.attention.mask import AttnMask
-from xfam.memory.base import LayerView
+from xfam.attention._base import AttentionMechanism
+from xfam.core.context import LayerContext
+from xfam.core.state import DecodeState, LayerView, expand_kv
 from xfam.model.layers import FeedForward, make_norm
 from xfam.model.spec import ModelSpec
-from xfam.pos.base import PositionalEncoding, ScoreBias
 
 #: A memory's hook into its layer's attention: ``(q [B, H, S, Dh], out [B, H, S, Dh]) -> out``.
 Augment = Callable[[Tensor, Tensor], Tensor]
-
-
-@dataclasses.dataclass
-class LayerContext:
-    """Everything a block needs that is the same for all layers of one forward pass.
-
-    ``rotary`` holds the tables for the keys computed in this call (memory + segment, or the new
-    tokens when decoding); queries use its last Sq rows.
-    """
-
-    mask: AttnMask
-    pos: PositionalEncoding
-    bias: ScoreBias | None
-    rotary: tuple[Tensor, ...] | None
-    decoding: bool = False
 
 
 class SelfAttention(nn.Module):
@@ -177,7 +160,7 @@ class Block(nn.Module):
         return x, state
 
     def view(self, segments: Tensor | None) -> LayerView:
-        """What a memory of this layer may use (``xfam.memory.base.LayerView``): the attention's
+        """What a memory of this layer may use (``xfam.memory._base.LayerView``): the attention's
         projections after the input norm (pre-norm), with detached weights."""
         norm = self.norm1 if self.pre else nn.Identity()
         weights = {n: p.detach() for n, p in norm.named_parameters()}

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xfam.attention.base import DecodeState
-from xfam.model.block import Block, LayerContext
+from xfam.core.context import LayerContext
+from xfam.core.state import DecodeState
+from xfam.model.block import Block
 
 
 def _rng_state(device: torch.device) -> tuple[Tensor, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Literal
 
-from xfam.registry import NonNegative, Positive, Probability, Range
+from xfam.core.registry import NonNegative, Positive, Probability, Range
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -13,19 +13,21 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from xfam.attention.base import ATTENTION, AttentionMechanism, DecodeState
+from xfam.attention._base import ATTENTION, AttentionMechanism
 from xfam.attention.etc import MEMORY_TOKENS_REFUSAL
-from xfam.attention.groups import HeadGroups
-from xfam.attention.mask import SHARED, AttnMask
-from xfam.errors import ConfigError
-from xfam.exit.base import EXIT, ExitOutput
-from xfam.memory.base import MEMORY, MemoryState
-from xfam.model.block import Block, LayerContext
+from xfam.core.context import LayerContext
+from xfam.core.errors import ConfigError
+from xfam.core.mask import SHARED, AttnMask
+from xfam.core.schedule import per_head, per_layer
+from xfam.core.state import DecodeState, MemoryState
+from xfam.exit._base import EXIT, ExitOutput
+from xfam.memory._base import MEMORY
+from xfam.model.block import Block
+from xfam.model.head_groups import HeadGroups
 from xfam.model.layers import make_norm
 from xfam.model.reversible import reversible_stack
 from xfam.model.spec import ModelSpec
-from xfam.pos.base import POS
-from xfam.schedule import per_head, per_layer
+from xfam.pos._base import POS
 
 Task = Literal["lm", "classify"]
 

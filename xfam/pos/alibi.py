@@ -6,7 +6,7 @@ the authors' reference code (ofirpress/attention_with_linear_biases, also fairse
 x-transformers) takes the slopes of the closest lower power of two, then every other slope of the
 doubled count. In a causal model ``|i - j| = i - j`` on every visible pair; the bidirectional form
 is the symmetric one. The bias is a pure distance decay: ``exp(bias) = exp(-m_h) ** |i - j|``, which
-kernelised attention (performer, rfa) hosts exactly as decayed prefix sums (``xfam.attention.linear``).
+kernelised attention (performer, rfa) hosts exactly as decayed prefix sums (``xfam.attention._linear``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor
 
-from xfam.pos.base import POS, PositionalEncoding, ScoreBias
-from xfam.registry import Range
+from xfam.core.bias import ScoreBias
+from xfam.core.registry import Range
+from xfam.pos._base import POS, PositionalEncoding
 
 
 def alibi_slopes(heads: int) -> list[float]:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from xfam.attention.mask import AttnMask
-from xfam.pos.base import POS, PositionalEncoding, ScoreModifier
+from xfam.core.bias import ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.pos._base import POS, PositionalEncoding
 
 
 class DAModifier(ScoreModifier):

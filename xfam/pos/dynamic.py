@@ -21,8 +21,9 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from xfam.pos.base import POS, PositionalEncoding, ScoreBias
-from xfam.registry import Positive
+from xfam.core.bias import ScoreBias
+from xfam.core.registry import Positive
+from xfam.pos._base import POS, PositionalEncoding
 
 
 class DynamicBias(ScoreBias):

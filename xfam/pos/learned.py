@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from xfam.errors import ConfigError
-from xfam.pos.base import POS, PositionalEncoding
+from xfam.core.errors import ConfigError
+from xfam.pos._base import POS, PositionalEncoding
 
 
 @POS.register("learned")

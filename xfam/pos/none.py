@@ -3,7 +3,7 @@ alone still lets a decoder infer order, as observed by Haviv et al., 2022)."""
 
 from __future__ import annotations
 
-from xfam.pos.base import POS, PositionalEncoding
+from xfam.pos._base import POS, PositionalEncoding
 
 
 @POS.register("none")

@@ -32,11 +32,11 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from xfam.errors import ConfigError
+from xfam.core.errors import ConfigError
+from xfam.core.logs import log_once
+from xfam.core.registry import Positive, Range
 from xfam.kernels import runtime
-from xfam.logs import log_once
-from xfam.pos.base import POS, PositionalEncoding
-from xfam.registry import Positive, Range
+from xfam.pos._base import POS, PositionalEncoding
 
 XPOS_HEADROOM = 256.0  # at xpos_max_position a rotated key entry x c + x' s (|x|, |x'| <= 128) times its scale fits
 

@@ -21,9 +21,10 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from xfam.attention.mask import AttnMask
-from xfam.pos.base import POS, PositionalEncoding, ScoreModifier
-from xfam.registry import Positive
+from xfam.core.bias import ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Positive
+from xfam.pos._base import POS, PositionalEncoding
 
 
 class ShawModifier(ScoreModifier):

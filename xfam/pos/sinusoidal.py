@@ -12,21 +12,11 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-import torch
 from torch import Tensor
 
-from xfam.pos.base import POS, PositionalEncoding
-from xfam.registry import Positive
-
-
-def sinusoid_table(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
-    """``[S, dim]`` table with sin on even and cos on odd channels (interleaved as in the paper)."""
-    k = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
-    angles = positions.float()[:, None] / base ** (k / dim)[None, :]  # [S, dim/2]
-    table = torch.empty(len(positions), dim, device=positions.device)
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles[:, : dim // 2])
-    return table
+from xfam.core.registry import Positive
+from xfam.core.sinusoid import sinusoid_table
+from xfam.pos._base import POS, PositionalEncoding
 
 
 @POS.register("sinusoidal")

@@ -26,8 +26,9 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor, nn
 
-from xfam.pos.base import POS, PositionalEncoding, ScoreBias
-from xfam.registry import Range
+from xfam.core.bias import ScoreBias
+from xfam.core.registry import Range
+from xfam.pos._base import POS, PositionalEncoding
 
 
 def t5_bucket(n: Tensor, causal: bool, num_buckets: int, max_distance: int) -> Tensor:

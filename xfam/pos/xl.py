@@ -20,9 +20,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from xfam.attention.mask import AttnMask
-from xfam.pos.base import POS, PositionalEncoding, ScoreModifier
-from xfam.pos.sinusoidal import sinusoid_table
+from xfam.core.bias import ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.sinusoid import sinusoid_table
+from xfam.pos._base import POS, PositionalEncoding
 
 
 class XLModifier(ScoreModifier):
@@ -48,7 +49,7 @@ class XLModifier(ScoreModifier):
 class XL(PositionalEncoding):
     """Transformer-XL relative attention: sinusoidal R_{i-j}, per-layer W_R, content and position biases u, v."""
 
-    decay_params = ("w_r",)  # W_R decays like a Linear weight (u, v are biases) (xfam.lit.optim.param_groups)
+    decay_params = ("w_r",)  # W_R decays like a Linear weight (u, v are biases) (xfam.training.lit.optim.param_groups)
 
     paper = "Dai et al., ACL 2019, arXiv:1901.02860 (Transformer-XL)"
 

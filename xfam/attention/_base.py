@@ -1,0 +1,111 @@
+"""Contract of the attention slot: a mechanism maps ``(q, k, v, mask, bias, modifier)`` to outputs.
+
+The model owns projections, the head split, rotary application, memory concatenation and the
+output projection; a mechanism sees heads-first tensors:
+
+    q: [B, H, Sq, Dh]    k, v: [B, Hkv, Sk, Dh]  (Hkv divides H: grouped-query attention)
+    returns [B, H, Sq, Dh]
+
+Keys may extend in front of the queries (persistent keys, memory, decode cache): see ``AttnMask``.
+Capabilities are class attributes read by the build-time compatibility check; ``forward`` never
+asserts them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.registry import Component, Registry
+from xfam.core.state import DecodeState
+
+
+class AttentionMechanism(nn.Module, Component):
+    """Base of every ``attention`` component.
+
+    Capabilities:
+        causal / bidirectional: which masks the mechanism can honour.
+        accepts_bias: adds a ``ScoreBias`` to its scores.
+        hosts_modifiers: forms the full ``[B, H, Sq, Sk]`` score matrix, so a ``ScoreModifier`` can run inside it.
+        accepts_memory: keys may include memory or cache in front of the queries.
+        accepts_persistent_kv: keys may lead with ``mask.persistent`` position-free keys that every
+            query sees (``model.num_mem_kv``); its ``decode`` keeps them out of its state.
+        shared_keys: honours the ``SHARED`` document id of ``AttnMask`` (keys every document sees:
+            memory tokens in packed rows); mechanisms that treat documents as runs of equal ids do not.
+        fixed_length: needs every sequence to have exactly ``max_len`` tokens.
+        aux_loss: returns auxiliary losses (``aux_losses``), which need a normal autograd graph.
+        backends: the implementations behind ``backend`` (``auto`` picks, and logs once).
+    """
+
+    causal: ClassVar[bool] = True
+    bidirectional: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    hosts_modifiers: ClassVar[bool] = False
+    accepts_memory: ClassVar[bool] = True
+    accepts_persistent_kv: ClassVar[bool] = False
+    shared_keys: ClassVar[bool] = True
+    fixed_length: ClassVar[bool] = False
+    aux_loss: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = ("torch",)
+
+    def new_step(self) -> None:
+        """Called by the model once at the start of every training forward (a training step; each micro-batch
+        under gradient accumulation), before any layer runs. A mechanism with a step schedule (random-feature
+        redraws) advances it here, not in ``forward``, which can run more than once per step: ACT's shared
+        block, a reversible stack's recomputation in backward. Default: nothing."""
+
+    def aux_losses(self) -> dict[str, Tensor]:
+        """Auxiliary losses of the last ``forward`` (e.g. an L1 span penalty), already weighted;
+        the model adds them to its output's ``aux`` as ``attention/<name>`` (summed over layers)."""
+        return {}
+
+    @classmethod
+    def exact_params(cls, seq_len: int) -> dict[str, Any]:
+        """Parameters under which the mechanism equals dense softmax attention on sequences of
+        ``seq_len`` (window covering the sequence, one bucket, ...): its degenerate limit, which
+        the contract tests compare against the reference. Exact mechanisms need none."""
+        return {}
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> Tensor:
+        raise NotImplementedError  # abstract
+
+    def decode(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        state: DecodeState | None,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> tuple[Tensor, DecodeState]:
+        """Attend new queries to the cached keys plus the new ones; returns output and new state.
+
+        ``q, k, v`` hold only the new tokens (after the ``mask.persistent`` persistent keys, which lead
+        every call's keys and are never cached); ``mask`` describes all keys (cache + new), so
+        ``mask.offset`` is the cache length. The default keeps a key/value cache (Hkv heads);
+        mechanisms with other state (running sums, a rolling window) override this.
+        """
+        p = mask.persistent
+        kp, vp, k, v = k[:, :, :p], v[:, :, :p], k[:, :, p:], v[:, :, p:]  # [B, Hkv, P | Sq, Dh]
+        if state is not None:
+            k = torch.cat((state["k"], k), dim=2)  # [B, Hkv, T + Sq, Dh]
+            v = torch.cat((state["v"], v), dim=2)
+        keys = torch.cat((kp, k), dim=2) if p else k  # [B, Hkv, P + T + Sq, Dh]
+        values = torch.cat((vp, v), dim=2) if p else v
+        return self(q, keys, values, mask, bias, modifier), {"k": k, "v": v}
+
+
+ATTENTION: Registry[AttentionMechanism] = Registry("attention", AttentionMechanism)

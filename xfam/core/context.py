@@ -1,0 +1,32 @@
+"""The per-call layer context: what every layer of one forward pass shares."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from torch import Tensor
+
+from xfam.core.bias import ScoreBias
+from xfam.core.mask import AttnMask
+
+
+class Rotary(Protocol):
+    """What a layer uses of the positional encoding: its rotation (identity for non-rotary kinds)."""
+
+    def rotate(self, x: Tensor, tables: tuple[Tensor, ...], key: bool = False) -> Tensor: ...
+
+
+@dataclasses.dataclass
+class LayerContext:
+    """Everything a block needs that is the same for all layers of one forward pass.
+
+    ``rotary`` holds the tables for the keys computed in this call (memory + segment, or the new
+    tokens when decoding); queries use its last Sq rows.
+    """
+
+    mask: AttnMask
+    pos: Rotary
+    bias: ScoreBias | None
+    rotary: tuple[Tensor, ...] | None
+    decoding: bool = False

@@ -1,0 +1,45 @@
+"""Logging helpers: rank-zero aware, and 'once' for choices made on a hot path."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("xfam")
+_seen: set[str] = set()
+
+
+def log_once(msg: str, level: int = logging.INFO) -> None:
+    """Log ``msg`` the first time it is seen in this process (backend choices, fallbacks)."""
+    if msg not in _seen:
+        _seen.add(msg)
+        log.log(level, msg)
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return "litlogger" not in msg and "that has Tensor Cores" not in msg
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning messages that are wrong or noise for xfam runs.
+
+    * the mid-epoch resume warning: xfam's sampler resumes exactly (``xfam.data.sampler``);
+    * "checkpoint directory exists": expected when a run continues;
+    * "use sync_dist=True": epoch metrics are reduced by xfam before they are logged;
+    * the LitLogger advertisement;
+    * the hint to call ``torch.set_float32_matmul_precision``: xfam's knob is ``trainer.matmul_precision``, applied
+      after Lightning's check (``xfam.training.lit.callbacks.MatmulPrecision``), so the hint would show whatever was
+      chosen.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+    # xfam sums its epoch statistics across ranks itself (XfamLitModule._log_epoch).
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed setting.*")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdverts) for f in logger.filters):
+            logger.addFilter(_DropAdverts())

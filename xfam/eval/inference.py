@@ -1,0 +1,142 @@
+"""Inference with an exit policy: changing its inference options on a trained model, and comparing
+it with the full-depth model it shortens (``xfam eval``, ``xfam generate``, ``xfam calibrate``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import yaml
+from torch import Tensor
+
+from xfam.core.errors import ConfigError
+from xfam.eval.metrics import add_stats, batch_stats, summarize
+from xfam.exit._base import EXIT, EarlyExitPolicy
+from xfam.model.transformer import XfamModel
+
+
+def set_exit_options(model: XfamModel, config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``exit.KEY=VALUE`` words (e.g. ``exit.threshold=0.8``) to the model's exit policy, after
+    validating the changed exit config as training would; returns the config with the new exit section.
+    Only options that do not change trained parameters (the policy's ``inference_options``) may change."""
+    if not overrides:
+        return config
+    policy = model.exit
+    allowed = policy.inference_options if isinstance(policy, EarlyExitPolicy) else ()
+    changes: dict[str, Any] = {}
+    for word in overrides:
+        key, eq, value = word.partition("=")
+        name = key.removeprefix("exit.")
+        if not eq or not key.startswith("exit."):
+            raise ConfigError(f"{word!r}: expected exit.KEY=VALUE, e.g. exit.threshold=0.8.")
+        if name not in allowed:
+            valid = ", ".join(f"exit.{n}" for n in allowed) or "none (this policy has no inference options)"
+            raise ConfigError(
+                f"{key}: not an inference option of exit={config['exit']['name']}; options that change trained "
+                f"parameters cannot change after training. Valid: {valid}."
+            )
+        changes[name] = yaml.safe_load(value)
+    exit_cfg = {**config["exit"], **changes}
+    ctx = {**model.spec.structural(model.causal), "out_dim": model.head.out_features}
+    EXIT.build(exit_cfg, **ctx)  # validates types, ranges and cross-parameter rules (raises ConfigError)
+    for name, value in changes.items():
+        setattr(policy, name, type(getattr(policy, name))(value))
+    return {**config, "exit": exit_cfg}
+
+
+def compares_full_depth(model: XfamModel) -> bool:
+    """Whether the model's exit policy can leave the stack early (so a full-depth comparison means something)."""
+    return isinstance(model.exit, EarlyExitPolicy)
+
+
+@torch.no_grad()
+def full_depth_logits(model: XfamModel, tokens: Tensor, **kwargs: Any) -> Tensor:
+    """The logits of the same model with every layer run for every token."""
+    with model.exit.full_depth():
+        return model(tokens, **kwargs).logits
+
+
+def full_depth_stats(
+    model: XfamModel, batch: dict[str, Tensor], task: str, token_bytes: Tensor | None, early_logits: Tensor
+) -> dict[str, Tensor]:
+    """One batch's sums for the comparison with full depth: the full model's ``batch_stats`` (keys
+    ``full/...``) and the top-1 agreement of ``early_logits`` with it (``agree`` of ``agree_count``)."""
+    full = full_depth_logits(model, batch["input_ids"], **_inputs(batch))
+    stats = {f"full/{k}": v for k, v in batch_stats(task, full, batch, token_bytes).items()}
+    keep = batch["labels"] != -100 if task == "lm" else None
+    stats["agree"], stats["agree_count"] = agreement(early_logits, full, keep)
+    return stats
+
+
+def summarize_full_depth(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tensor]:
+    """``{prefix}/full/...`` metrics and ``{prefix}/agreement`` from sums of ``full_depth_stats``."""
+    out = summarize({k[5:]: v for k, v in sums.items() if k.startswith("full/")}, task, f"{prefix}/full")
+    out[f"{prefix}/agreement"] = sums["agree"] / sums["agree_count"].clamp_min(1)
+    return out
+
+
+def agreement(early: Tensor, full: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Summed count of predictions whose argmax equals the full model's, and the count compared
+    (``early``/``full`` ``[B, S, V]`` or ``[B, C]``; ``keep`` marks the predictions that count)."""
+    same = early.argmax(-1) == full.argmax(-1)
+    if keep is None:
+        keep = torch.ones_like(same)
+    return (same & keep).sum().float(), keep.sum().float()
+
+
+@torch.no_grad()
+def threshold_sweep(
+    model: XfamModel,
+    batches: list[dict[str, Tensor]],
+    task: str,
+    thresholds: list[float],
+    token_bytes: Tensor | None = None,
+) -> dict[str, Any]:
+    """Run ``batches`` at full depth and at each threshold of the model's early-exit policy.
+
+    Returns per example (row) the share of its scored predictions whose top-1 differs from the full
+    model's, ``risk [n, K]`` (the loss Learn-then-Test bounds), and per threshold the mean ``depth``,
+    ``loss`` (NLL per target) and ``bpb`` ``[K]``, plus the full model's ``full_loss`` / ``full_bpb``.
+    """
+    policy = model.exit
+    before = policy.threshold
+    full, rows, sums = [], [], []
+    for batch in batches:
+        full.append(full_depth_logits(model, batch["input_ids"], **_inputs(batch)))  # [B, S, V]
+    try:
+        for threshold in thresholds:
+            policy.threshold = float(threshold)
+            risk, total = [], {}
+            for batch, ref in zip(batches, full, strict=True):
+                out = model(batch["input_ids"], **_inputs(batch))
+                keep = batch["labels"] != -100 if task == "lm" else torch.ones_like(batch["label"], dtype=torch.bool)
+                differ = (out.logits.argmax(-1) != ref.argmax(-1)) & keep
+                per_row = differ.float().sum(-1) / keep.sum(-1).clamp_min(1) if task == "lm" else differ.float()
+                risk.append(per_row[keep.view(keep.shape[0], -1).any(-1)])
+                add_stats(total, batch_stats(task, out.logits, batch, token_bytes, out.depth, model.num_layers))
+            rows.append(torch.cat(risk))
+            sums.append(total)
+    finally:
+        policy.threshold = before
+    full_total: dict[str, Tensor] = {}
+    for batch, ref in zip(batches, full, strict=True):
+        add_stats(full_total, batch_stats(task, ref, batch, token_bytes))
+
+    def metric(s: dict[str, Tensor]) -> dict[str, Tensor]:
+        return summarize(s, task, "m")
+
+    out = {
+        "thresholds": list(thresholds),
+        "risk": torch.stack(rows, dim=1),  # [n, K]
+        "depth": [float(metric(s)["m/depth"]) for s in sums],
+        "loss": [float(metric(s)["m/loss"]) for s in sums],
+        "full_loss": float(metric(full_total)["m/loss"]),
+    }
+    if "bytes" in full_total:
+        out["bpb"] = [float(metric(s)["m/bpb"]) for s in sums]
+        out["full_bpb"] = float(metric(full_total)["m/bpb"])
+    return out
+
+
+def _inputs(batch: dict[str, Tensor]) -> dict[str, Tensor | None]:
+    return {"key_padding": batch.get("key_padding"), "segments": batch.get("segments")}

@@ -1,0 +1,106 @@
+"""Public construction API: a model or a data source from a plain config, without Hydra."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xfam.attention
+import xfam.exit
+import xfam.memory
+import xfam.pos  # noqa: F401  (registers every component)
+from xfam.core.errors import ConfigError
+from xfam.data.base import DATA, DataSource
+from xfam.model.spec import ModelSpec
+from xfam.model.transformer import XfamModel
+
+
+def data_info(source: DataSource) -> dict[str, Any]:
+    """What the model and the trainer need from a prepared data source (stored in checkpoints)."""
+    return {
+        "name": source.registry_name,
+        "task": source.task,
+        "vocab_size": source.vocab_size,
+        "num_classes": source.num_classes,
+        "token_bytes": source.token_bytes,
+        "pad_id": source.pad_id,
+        "eos_id": source.eos_id,
+        "fingerprint": source.fingerprint,
+        "tokenizer": source.tokenizer_state(),
+    }
+
+
+def model_io(config: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """What sizes the model's input and output layers: the task, the vocabulary (``model.vocab_size``,
+    else the data's) and the number of classes."""
+    vocab = config["model"].get("vocab_size") or info["vocab_size"]
+    return {"task": info["task"], "vocab_size": vocab, "num_classes": info.get("num_classes")}
+
+
+def check_checkpoint_data(
+    ckpt: str, config: dict[str, Any], info: dict[str, Any], meta: dict[str, Any] | None = None
+) -> None:
+    """Refuse to resume ``ckpt`` on data its model cannot take (token ids outside its vocabulary,
+    another vocabulary size, task or class count): its embedding or head has other shapes. Refuse
+    other data it could take too (another data fingerprint: e.g. another corpus in a run directory
+    named like this one's) unless ``allow_data_change=true`` asks for it: continuing a run on other
+    data by mistake would mix two experiments silently. Runs once the data is prepared and before
+    anything is written, so a refused resume changes nothing. ``meta``: the checkpoint's ``xfam`` metadata,
+    when the caller has read it already."""
+    from xfam.core.logs import log
+    from xfam.training.lit.checkpoint import read
+
+    meta = read(ckpt)["xfam"] if meta is None else meta
+    saved, now = model_io(meta["config"], meta["data_info"]), model_io(config, info)
+    if saved == now:
+        was, is_now = meta["data_info"].get("fingerprint"), info.get("fingerprint")
+        if was is None or was == is_now:
+            return
+        if config.get("allow_data_change", False):
+            log.warning("allow_data_change=true: resuming %s on other data (fingerprint %s -> %s)", ckpt, was, is_now)
+            return
+        raise ConfigError(
+            f"checkpoint {ckpt} was trained on other data (data fingerprint {was} -> {is_now}). Nothing was "
+            f"changed. Fix: resume with the data settings of the checkpoint's run (its config.yaml), start a "
+            f"fresh run (ckpt_path=null, another name), or add allow_data_change=true to continue this "
+            f"checkpoint on this data on purpose."
+        )
+    diff = [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in saved if saved[key] != now[key]]
+    why = "its model cannot take this data"
+    if saved["task"] == now["task"] and now["vocab_size"] > saved["vocab_size"]:
+        why = f"this data has token ids up to {now['vocab_size'] - 1}, outside the checkpoint's vocabulary"
+    raise ConfigError(
+        f"checkpoint {ckpt} was trained on other data: {why} ({'; '.join(diff)}; data fingerprint "
+        f"{meta['data_info'].get('fingerprint')} -> {info.get('fingerprint')}). Nothing was changed. Fix: resume "
+        f"with the data settings of the checkpoint's run (its config.yaml), or start a fresh run (ckpt_path=null, "
+        f"another name)."
+    )
+
+
+def build_model(config: dict[str, Any], info: dict[str, Any]) -> XfamModel:
+    """The model described by ``config`` (sections model/attention/pos/memory/exit) for the data
+    described by ``info`` (see ``data_info``)."""
+    spec = ModelSpec(**config["model"])
+    vocab = model_io(config, info)["vocab_size"]
+    if vocab < info["vocab_size"]:
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the data's vocabulary ({info['vocab_size']} token ids): "
+            f"some ids would be outside the embedding. Fix: model.vocab_size=null (take it from the data) or "
+            f">= {info['vocab_size']}."
+        )
+    return XfamModel(
+        spec,
+        task=info["task"],
+        vocab_size=vocab,
+        num_classes=info.get("num_classes"),
+        attention=config["attention"],
+        pos=config["pos"],
+        memory=config["memory"],
+        exit=config["exit"],
+    )
+
+
+def build_data(config: dict[str, Any]) -> DataSource:
+    """The data source of ``config['data']`` (not yet prepared)."""
+    import xfam.data  # noqa: F401  (registers every source)
+
+    return DATA.build(config["data"])

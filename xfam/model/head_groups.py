@@ -1,0 +1,77 @@
+"""Head groups: one layer's heads split among several mechanisms (the ``per_head`` schedule).
+
+Each group gets its own slice of query heads, the matching key/value heads and the matching heads
+of the score bias; outputs are concatenated back in group order. The group's capabilities are
+the intersection of its members' (the compatibility check reads them off the members).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from xfam.attention._base import AttentionMechanism
+from xfam.core.bias import ScoreBias, ScoreModifier
+from xfam.core.mask import AttnMask
+from xfam.core.state import DecodeState
+
+
+class HeadGroups(AttentionMechanism):
+    """Runs ``members[g]`` on heads ``[start_g, start_g + heads_g)`` and concatenates the outputs."""
+
+    def __init__(self, members: list[AttentionMechanism], head_counts: list[int], heads: int, kv_heads: int):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        self.head_counts = head_counts
+        self.per_kv = heads // kv_heads
+
+    def _slices(self):
+        start = 0
+        for member, n in zip(self.members, self.head_counts, strict=True):
+            yield member, start, start + n
+            start += n
+
+    def _kv(self, x: Tensor, start: int, stop: int) -> Tensor:
+        return x[:, start // self.per_kv : stop // self.per_kv]  # [B, Hkv_g, Sk, Dh]
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> Tensor:
+        outs = [
+            member(q[:, a:b], self._kv(k, a, b), self._kv(v, a, b), mask, bias and bias.select_heads(a, b), modifier)
+            for member, a, b in self._slices()
+        ]
+        return torch.cat(outs, dim=1)  # [B, H, Sq, Dh]
+
+    def aux_losses(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for member in self.members:
+            for k, v in member.aux_losses().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def decode(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        state: DecodeState | None,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> tuple[Tensor, DecodeState]:
+        states = state["groups"] if state is not None else [None] * len(self.members)
+        outs, new = [], []
+        for (member, a, b), st in zip(self._slices(), states, strict=True):
+            out, st = member.decode(
+                q[:, a:b], self._kv(k, a, b), self._kv(v, a, b), st, mask, bias and bias.select_heads(a, b), modifier
+            )
+            outs.append(out)
+            new.append(st)
+        return torch.cat(outs, dim=1), {"groups": new}

@@ -1,0 +1,1 @@
+"""Training: the runner, the Hydra glue and the Lightning module, trainer and callbacks."""

@@ -1,0 +1,234 @@
+"""The Lightning module: losses and metrics, auxiliary losses, memory across batches, exact resume.
+
+It takes a plain resolved config (no Hydra objects), so a checkpoint loads anywhere. Metrics:
+
+* lm: loss (mean NLL per target token), perplexity, bits per byte = summed NLL / (ln 2 * bytes
+  the targets stand for), next-token accuracy;
+* classify: loss, accuracy.
+
+Exact resume (docs/architecture.md): the checkpoint stores the number of batches consumed in the
+current epoch and which epoch that is (the resumable sampler skips them there only), and every
+rank's RNG states, restored just before the first training batch after the restart, when the
+DataLoader iterator already exists.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from xfam.config.specs import OptimSpec
+from xfam.core.logs import log_once, quiet_lightning
+from xfam.eval.carry import Carry, carried_inputs, next_carry
+from xfam.eval.inference import compares_full_depth, full_depth_stats, summarize_full_depth
+from xfam.eval.metrics import add_stats, batch_stats, summarize
+from xfam.model.build import build_model
+from xfam.model.transformer import ModelOutput
+from xfam.training.lit.checkpoint import metadata
+from xfam.training.lit.optim import make_optimizer
+
+quiet_lightning()  # also in ddp_spawn's worker processes, which import this module afresh
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from, in types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class XfamLitModule(L.LightningModule):
+    """Trains an ``XfamModel`` built from ``config`` for data described by ``data_info``."""
+
+    def __init__(self, config: dict[str, Any], data_info: dict[str, Any]):
+        super().__init__()
+        self.save_hyperparameters()
+        self.config, self.data_info = config, data_info
+        self.task = data_info["task"]
+        self.model = build_model(config, data_info)
+        self.uses_memory = self.model.uses_memory
+        tb = data_info.get("token_bytes")
+        self.register_buffer("token_bytes", torch.tensor(tb if tb else [], dtype=torch.float32), persistent=False)
+        # Memory carried across batches ({"layers": per-layer states, "docs": next document ids}, see
+        # _carried): the training one is saved in checkpoints; evaluation keeps its own.
+        self._memory: Carry | None = None
+        self._eval_memory: Carry | None = None
+        self._resume: dict[str, Any] | None = None
+        self._sums: dict[str, Tensor] = {}
+
+    # -- steps -----------------------------------------------------------------------------------
+    def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
+        """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
+        targets = batch["labels" if self.task == "lm" else "label"] if train else None
+        return self.model(
+            batch["input_ids"],
+            key_padding=batch.get("key_padding"),
+            segments=batch.get("segments"),
+            memory=memory,
+            targets=targets,
+        )
+
+    def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return batch_stats(self.task, out.logits, batch, self.token_bytes, out.depth, self.model.num_layers)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        if self.uses_memory:
+            out, self._memory = self._carried(batch, self._memory, train=True)
+        else:
+            out = self(batch, train=True)
+        stats = self._stats(out, batch)
+        loss = stats["nll"] / stats["count"].clamp_min(1)
+        self.log("train/loss", loss, prog_bar=True)
+        total = loss
+        for name, value in out.aux.items():
+            self.log(f"train/{name}", value)
+            total = total + value
+        if out.depth is not None:
+            self.log("train/depth", out.depth.float().mean())
+        self.log("global_step", float(self.global_step), logger=False)  # ModelCheckpoint keeps the latest by it
+        return total
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Steps done, as a callback metric: after ddp_spawn only those reach the main process.
+        self.log("steps_done", float(self.global_step), logger=False)
+
+    def on_train_epoch_start(self) -> None:
+        self._memory = None  # a new epoch restarts the streams
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._accumulate(self._eval_forward(batch), batch)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._accumulate(self._eval_forward(batch), batch)
+
+    def _eval_forward(self, batch: dict[str, Tensor]) -> ModelOutput:
+        """Evaluation carries its own memory through the split's streams (cached evaluation: stored
+        states are reused, never recomputed); the training memory is left untouched."""
+        if not self.uses_memory:
+            return self(batch)
+        out, self._eval_memory = self._carried(batch, self._eval_memory)
+        return out
+
+    def _carried(self, batch: dict[str, Tensor], carry: Carry | None, train: bool = False) -> tuple[ModelOutput, Carry]:
+        """One batch of contiguous streams with the memory carried from the previous one
+        (``xfam.eval.carry``: per-layer states and each row's next document id)."""
+        batch, layers, docs = carried_inputs(self.model, batch, carry, self.data_info.get("eos_id"))
+        out = self(batch, memory=layers, train=train)
+        return out, next_carry(out.memory, docs)
+
+    def _accumulate(self, out: ModelOutput, batch: dict[str, Tensor]) -> None:
+        add_stats(self._sums, self._stats(out, batch))
+        add_stats(self._sums, {f"aux/{k}": v for k, v in out.aux.items()})
+        if compares_full_depth(self.model):  # early exit: the full-depth model's metrics and the agreement
+            add_stats(self._sums, full_depth_stats(self.model, batch, self.task, self.token_bytes, out.logits))
+        self._sums["batches"] = self._sums.get("batches", 0) + 1
+
+    def on_validation_epoch_start(self) -> None:
+        self._sums = {}
+        self._eval_memory = None  # each evaluation starts its streams afresh
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, prefix: str) -> None:
+        if not self._sums:
+            return
+        sums = {
+            k: self.trainer.strategy.reduce(torch.as_tensor(v, device=self.device), reduce_op="sum")
+            for k, v in sorted(self._sums.items())
+        }
+        metrics = summarize(sums, self.task, prefix)  # (reads only its own keys, not full/...)
+        if "agree" in sums:
+            metrics |= summarize_full_depth(sums, self.task, prefix)
+        self.log_dict({k: v.float() for k, v in metrics.items()}, prog_bar=prefix == "val", sync_dist=False)
+        self._sums = {}
+
+    # -- optimisation ----------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict:
+        spec = OptimSpec(**self.config["optim"])
+        full_precision = str(self.trainer.precision) in ("32-true", "64-true", "32", "64")
+        if full_precision:
+            log_once("optimizer: fused AdamW (full precision)")
+        else:
+            log_once(f"optimizer: AdamW without the fused kernel (precision {self.trainer.precision})")
+        return make_optimizer(self.model, spec, int(self.trainer.estimated_stepping_batches), fused=full_precision)
+
+    # -- exact resume ----------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["xfam"] = metadata(self.config, self.data_info)
+        mine = {"rng": rng_state(), "memory": _to_cpu(self._memory)}
+        ranks = [mine]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, mine)
+        loop = self.trainer.fit_loop
+        checkpoint["xfam_resume"] = {
+            "batches_in_epoch": loop.epoch_loop.batch_progress.current.processed,
+            # The epoch those batches belong to: the last one started. (``current_epoch`` is already the next
+            # one when a checkpoint is written after an epoch finished, e.g. at the end of training.)
+            "epoch": loop.epoch_progress.current.started - 1,
+            "ranks": ranks,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        resume = checkpoint.get("xfam_resume")
+        if resume is None or self._trainer is None:
+            return
+        ranks = resume["ranks"]
+        mine = ranks[self.global_rank] if self.global_rank < len(ranks) else ranks[0]
+        self._resume = {**mine, "epoch": resume.get("epoch")}
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "resume_at"):
+            datamodule.resume_at(resume["batches_in_epoch"], resume.get("epoch"))
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._resume is not None:
+            set_rng_state(self._resume["rng"])
+            memory = self._resume["memory"]
+            # A checkpoint written at an epoch's last batch resumes in the next epoch, whose streams start
+            # afresh (as ``on_train_epoch_start`` does in an uninterrupted run).
+            same_epoch = self._resume["epoch"] in (None, self.current_epoch)
+            self._memory = None if memory is None or not same_epoch else _to_device(memory, self.device)
+            self._resume = None
+
+
+def _to_cpu(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    return x
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, Tensor):
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_device(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x

@@ -1,0 +1,287 @@
+"""One training run from a plain config: validate, resolve the checkpoint, prepare data, build,
+train, evaluate, and write the run's record (config, manifest, metrics) into its directory.
+
+Nothing is written before every check has passed, and an existing run is never overwritten: a
+fresh start in a directory that already holds a run is refused (``ckpt_path=auto`` continues it).
+A launch that fails before its first checkpoint removes what it wrote, so the corrected command
+runs in a clean directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import yaml
+from lightning.pytorch.utilities import rank_zero_only
+
+from xfam.config import resolve_streams, validate
+from xfam.config.specs import LoaderSpec
+from xfam.core.errors import ConfigError
+from xfam.core.logs import log
+from xfam.model.build import build_data, check_checkpoint_data, data_info
+from xfam.training.allocator import keep_freed_memory
+from xfam.training.lit import checkpoint
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run that a fresh start must not overwrite: a checkpoint (debug
+    ``nonfinite-*`` files and unfinished ``*.tmp`` writes aside) or a trained step (a logged row of
+    ``logs/*/metrics.csv``, or the final ``metrics.json``). A config, manifest or log alone is what a
+    launch that failed before training left behind: it does not block the corrected command."""
+    if (run_dir / "metrics.json").exists():
+        return True
+    if any(not p.name.startswith("nonfinite-") for p in (run_dir / "checkpoints").glob("*.ckpt")):
+        return True
+    for csv in run_dir.glob("logs/*/metrics.csv"):
+        with contextlib.suppress(OSError), open(csv) as f:
+            if f.readline() and f.readline().strip():  # a row below the header
+                return True
+    return False
+
+
+def resolve_checkpoint(ckpt_path: str | None, run_dir: Path, cfg: dict[str, Any] | None = None) -> str | None:
+    """The checkpoint to resume from, or None for a fresh run (refused if ``run_dir`` has a run).
+    ``cfg``: with ``ckpt_path=auto``, checkpoints of another architecture are passed over."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if ckpt_path is None:
+        if holds_run(run_dir):
+            raise ConfigError(
+                f"run directory {run_dir} already holds a run"
+                + (f" (last checkpoint: {last})" if last.exists() else "")
+                + ". Nothing was changed. Fix: add ckpt_path=auto to continue it, or start a separate run "
+                "with name=<new name> (or any other override, which gives another directory)."
+            )
+        return None
+    if ckpt_path == "auto":
+        return newest_readable(run_dir, cfg)
+    return ckpt_path
+
+
+def newest_readable(run_dir: Path, cfg: dict[str, Any] | None = None) -> str | None:
+    """``ckpt_path=auto``: ``last.ckpt``, or when it cannot be used the newest usable ``step-N.ckpt``, with a
+    warning for each file passed over: one that cannot be read (a crash, a truncated or corrupted copy, a
+    folder or a dangling link in its place) or, given ``cfg``, one of another architecture (e.g. a
+    ``last.ckpt`` copied from another run). None (a fresh start) when the run has no checkpoint yet. Debug
+    checkpoints (``nonfinite-*``) and unfinished ``*.tmp`` writes are never used."""
+    ckpts = run_dir / "checkpoints"
+    steps = sorted(ckpts.glob("step-*.ckpt"), key=lambda p: p.name, reverse=True)  # zero-padded: newest first
+    candidates = [p for p in [ckpts / "last.ckpt", *steps] if p.exists() or p.is_symlink()]
+    if not candidates:
+        log.info("ckpt_path=auto: no checkpoint in %s yet, starting a fresh run", run_dir)
+        return None
+    passed, other_architecture = [], None
+    for path in candidates:
+        try:
+            saved = checkpoint.read(path)
+        except ConfigError as err:
+            log.warning("ckpt_path=auto: skipping %s: %s", path.name, err)
+            passed.append(path.name)
+            continue
+        diff = checkpoint.architecture_diff(saved["xfam"]["config"], cfg) if cfg is not None else []
+        if diff:
+            log.warning("ckpt_path=auto: skipping %s: another architecture (%s)", path.name, "; ".join(diff))
+            passed.append(path.name)
+            other_architecture = other_architecture or (path, diff)
+            continue
+        if passed:
+            log.warning("ckpt_path=auto: resuming from %s, the newest usable checkpoint", path)
+        return str(path)
+    if other_architecture:  # none of this architecture: the config, not the files, is what to fix
+        raise architecture_error(*other_architecture)
+    raise ConfigError(
+        f"ckpt_path=auto: no checkpoint of {ckpts} can be read ({', '.join(passed)}). "
+        f"Nothing was changed. Fix: ckpt_path=<a good .ckpt file>, or start a separate run with name=<new name>."
+    )
+
+
+def check_room(run_dir: Path, module: L.LightningModule) -> None:
+    """Refuse to start when the disk of ``run_dir`` cannot hold two checkpoints of this model (fp32
+    weights and buffers, plus AdamW's two moments per parameter) and a margin: a retry on a still-full
+    disk then fails at once instead of after training again."""
+    values = sum(t.numel() for t in module.state_dict().values()) + 2 * sum(p.numel() for p in module.parameters())
+    need = 2 * 4 * values + checkpoint.DISK_MARGIN
+    if checkpoint.free_bytes(run_dir) < need:
+        raise checkpoint.disk_full(run_dir, need)
+
+
+@contextlib.contextmanager
+def undo_on_failure(run_dir: Path) -> Iterator[None]:
+    """A launch that fails before any checkpoint was written takes back what it wrote: the entries of
+    ``run_dir`` it created (config, manifest, train.log, logs/, ...), then ``run_dir`` and its parent
+    (``runs/<name>/``) if that leaves them empty. So a refusal or a failed launch leaves no empty folder,
+    and the corrected command is not refused. A directory that held a run before is never touched, nor
+    is anything that was there before this launch."""
+    before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+    had_run = holds_run(run_dir)
+    try:
+        yield
+    except BaseException:
+        if not had_run and not any((run_dir / "checkpoints").glob("*.ckpt")):  # nonfinite-*: kept for debugging
+            remove_new(run_dir, before)
+        raise
+
+
+@rank_zero_only
+def remove_new(run_dir: Path, before: set[Path]) -> None:
+    """Remove the entries of ``run_dir`` not in ``before``, then ``run_dir`` and its parent if empty."""
+    for path in set(run_dir.iterdir()) - before if run_dir.is_dir() else ():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    for folder in (run_dir, run_dir.parent):
+        with contextlib.suppress(OSError):  # not empty (or not there): kept
+            folder.rmdir()
+
+
+def check_resume(ckpt: str, cfg: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Refuse a checkpoint whose architecture differs from the config's; returns its step and its ``xfam``
+    metadata (read once: a checkpoint is loaded and its digest checked here, then by Lightning only)."""
+    saved = checkpoint.read(ckpt)
+    diff = checkpoint.architecture_diff(saved["xfam"]["config"], cfg)
+    if diff:
+        raise architecture_error(ckpt, diff)
+    return int(saved.get("global_step", 0)), saved["xfam"]
+
+
+def architecture_error(ckpt: str | Path, diff: list[str]) -> ConfigError:
+    return ConfigError(
+        f"checkpoint {ckpt} has a different architecture than this config:\n  "
+        + "\n  ".join(diff)
+        + "\nFix: resume with the checkpoint's settings, or start a fresh run (ckpt_path=null, another name)."
+    )
+
+
+def describe(cfg: dict[str, Any], module: L.LightningModule, source: Any) -> str:
+    spec = cfg["model"]
+    n = sum(p.numel() for p in module.model.parameters())
+    slots = "  ".join(f"{s}={cfg[s]['name']}" for s in ("attention", "pos", "memory", "exit"))
+    return (
+        f"model {spec['name']}: {spec['layers']} layers x {spec['dim']} wide, {spec['heads']} heads, "
+        f"{n / 1e6:.2f}M parameters, {'causal LM' if module.task == 'lm' else 'bidirectional classifier'}\n"
+        f"  slots: {slots}\n"
+        f"  data {cfg['data']['name']}: vocab {source.vocab_size}, seq_len {source.seq_len}, "
+        f"batch {source.batch_size}, fingerprint {source.fingerprint}"
+    )
+
+
+def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None = None) -> dict[str, Any]:
+    """Run the job described by ``cfg`` in ``run_dir``; returns the final metrics.
+
+    ``callbacks`` are added to the Trainer's (for programmatic use and tests)."""
+    validate(cfg)
+    run_dir = Path(run_dir)
+    with undo_on_failure(run_dir):
+        return _train(cfg, run_dir, callbacks)
+
+
+def _train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None) -> dict[str, Any]:
+    from xfam.data.module import XfamDataModule
+    from xfam.training.lit.module import XfamLitModule
+    from xfam.training.lit.trainer import make_trainer
+
+    log.info(keep_freed_memory())
+    ckpt = resolve_checkpoint(cfg.get("ckpt_path"), run_dir, cfg)
+    resumed_at, meta = check_resume(ckpt, cfg) if ckpt is not None else (0, None)
+    L.seed_everything(cfg["seed"], workers=True, verbose=False)
+    source = build_data(cfg)
+    source.prepare()
+    info = data_info(source)
+    if ckpt is not None:
+        check_checkpoint_data(ckpt, cfg, info, meta)  # the checkpoint's model must fit this data
+    module = XfamLitModule(cfg, info)  # builds the model: vocabulary and size errors surface here
+    check_room(run_dir, module)
+    loader = LoaderSpec(**cfg["loader"])
+    streams, why = resolve_streams(cfg)
+    log.info(why)
+    datamodule = XfamDataModule(source, seed=cfg["seed"], streams=streams, num_workers=loader.num_workers)
+    trainer = make_trainer(cfg, run_dir, callbacks or [], resume_step=resumed_at)
+    handler = write_record(run_dir, cfg, source)
+    try:
+        log.info("run directory: %s", run_dir)
+        if ckpt is not None:
+            max_steps = cfg["trainer"].get("max_steps", -1)
+            done = " (max_steps reached: nothing left to train, evaluating)" if 0 < max_steps <= resumed_at else ""
+            log.info("resuming from %s at step %d%s", ckpt, resumed_at, done)
+        log.info(describe(cfg, module, source))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+        done = trainer.callback_metrics  # after ddp_spawn only these come back to this process
+        result: dict[str, Any] = {
+            "step": int(done["steps_done"]) if "steps_done" in done else trainer.global_step,
+            **{k: float(v) for k, v in done.items() if k.startswith("val/")},
+            "train/tokens_per_s": float(done["train/tokens_per_s_median"])
+            if "train/tokens_per_s_median" in done
+            else None,
+        }
+        if "train/nonfinite_skipped" in done:  # trainer.nonfinite=skip: how many steps were skipped
+            result["train/nonfinite_skipped"] = int(done["train/nonfinite_skipped"])
+        # ddp_spawn trains in other processes: this Trainer's loop never counted the steps, and the
+        # evaluation below would log its rows at step 0 (spawned ranks get a copy of this Trainer).
+        trainer.fit_loop.epoch_loop._batches_that_stepped = result["step"]
+        if "val/loss" not in result:  # e.g. resumed at max_steps: nothing trained, still report
+            trainer.validate(module, datamodule=datamodule, verbose=False)
+            result.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
+        if cfg.get("test", True):
+            trainer.test(module, datamodule=datamodule, verbose=False)
+            result.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")})
+        finish(trainer, run_dir, result)
+    finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+    return result
+
+
+@rank_zero_only
+def write_record(run_dir: Path, cfg: dict[str, Any], source: Any) -> logging.Handler:
+    """Config, data manifest and a log file in the run directory (rank zero; after all checks)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_whole(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        write_whole(run_dir / "data_manifest.json", json.dumps(source.manifest, indent=1, default=str))
+        handler = logging.FileHandler(run_dir / "train.log")
+    except OSError as err:
+        if checkpoint.is_disk_full(err):
+            raise checkpoint.disk_full(run_dir) from err
+        raise
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replace ``path`` only once ``text`` is written in full: a full disk while a resumed run rewrites its
+    config.yaml must not leave the run with half a config."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@rank_zero_only
+def finish(trainer: L.Trainer, run_dir: Path, result: dict[str, Any]) -> None:
+    (run_dir / "metrics.json").write_text(json.dumps(result, indent=1))
+    for lg in trainer.loggers:
+        if type(lg).__name__ == "WandbLogger":
+            import wandb
+
+            wandb.finish()  # a multirun's next job must not reuse this run
+    lines = [f"  {k} = {v:.4f}" for k, v in result.items() if isinstance(v, float)]
+    log.info("finished at step %d:\n%s", result["step"], "\n".join(lines))
+    ckpts = run_dir / "checkpoints"
+    log.info(
+        "outputs in %s:\n  checkpoints: %s (last.ckpt, best.ckpt, step-*.ckpt)\n  metrics: %s, logs/\n  loss curve: %s",
+        run_dir,
+        ckpts,
+        run_dir / "metrics.json",
+        run_dir / "loss_curve.png",
+    )
