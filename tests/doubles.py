@@ -18,27 +18,37 @@ this module once as ``doubles`` (import it under that name only, or the toys reg
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-import xfam.attention
-import xfam.exit
-import xfam.memory
-import xfam.pos  # noqa: F401  (registers the real components)
-from xfam.attention._base import ATTENTION, AttentionMechanism
+from xfam.api import (
+    ATTENTION,
+    EXIT,
+    MEMORY,
+    POS,
+    AttentionMechanism,
+    AttnMask,
+    DecodeState,
+    ExitOutput,
+    ExitPolicy,
+    LayerStack,
+    LayerView,
+    Memory,
+    MemoryState,
+    PositionalEncoding,
+    Range,
+    ScoreBias,
+    ScoreModifier,
+    expand_kv,
+)
 from xfam.attention.vanilla import reference_attention
-from xfam.core.bias import ScoreBias, ScoreModifier
-from xfam.core.mask import AttnMask
-from xfam.core.registry import Range
-from xfam.core.state import DecodeState, LayerView, MemoryState, expand_kv
-from xfam.exit._base import EXIT, ExitOutput, ExitPolicy
-from xfam.memory._base import MEMORY, Memory
 from xfam.model.spec import ModelSpec
 from xfam.model.transformer import XfamModel
-from xfam.pos._base import POS, PositionalEncoding
 
 # -- score biases ------------------------------------------------------------------------------
 
@@ -235,16 +245,14 @@ class ToyDeep(ExitPolicy):
         super().__init__()
         self.last_hiddens: list[Tensor] = []
 
-    def forward(
-        self, x, run_layer, num_layers, head, positions=None, key_padding=None, decoding=False, targets=None
-    ) -> ExitOutput:
+    def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
         hiddens = []
-        for step in range(num_layers):
-            x = run_layer(step, x)
+        for step in range(stack.num_layers):
+            x = stack.run_layer(step, x)
             hiddens.append(x)
         self.last_hiddens = hiddens
-        loss = sum(head(h).logsumexp(-1).mean() for h in hiddens)
-        depth = torch.full(x.shape[:2], num_layers, device=x.device)
+        loss = sum(stack.head(h).logsumexp(-1).mean() for h in hiddens)
+        depth = torch.full(x.shape[:2], stack.num_layers, device=x.device)
         return ExitOutput(hidden=x, aux={"deep": loss}, depth=depth)
 
 
@@ -258,16 +266,34 @@ class ToyStop(ExitPolicy):
         super().__init__()
         self.stop_after = stop_after
 
-    def forward(
-        self, x, run_layer, num_layers, head, positions=None, key_padding=None, decoding=False, targets=None
-    ) -> ExitOutput:
-        n = min(self.stop_after, num_layers)
+    def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
+        n = min(self.stop_after, stack.num_layers)
         for step in range(n):
-            x = run_layer(step, x)
+            x = stack.run_layer(step, x)
         return ExitOutput(hidden=x, depth=torch.full(x.shape[:2], n, device=x.device))
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ToyStack:
+    """A ``LayerStack`` around a plain ``run_layer(step, x)`` function, to drive an exit policy alone."""
+
+    layer: Callable[[int, Tensor], Tensor]
+    num_layers: int
+    head_fn: Callable[..., Tensor] | None = None
+    positions: Tensor | None = None
+    key_padding: Tensor | None = None
+    decoding: bool = False
+    targets: Tensor | None = None
+
+    def run_layer(self, step: int, x: Tensor) -> Tensor:
+        return self.layer(step, x)
+
+    def head(self, x: Tensor, proj: nn.Module | None = None) -> Tensor:
+        return self.head_fn(x, proj) if proj is not None else self.head_fn(x)
+
 
 NO_SLOT = {"name": "none"}
 

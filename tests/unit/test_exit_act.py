@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from doubles import build_model, decode_logits
+from doubles import ToyStack, build_model, decode_logits
 
 from xfam.attention import ATTENTION
 from xfam.core.sinusoid import TimestepSignal
@@ -57,7 +57,7 @@ def graves(x: torch.Tensor, act: ACT, steps: int, eps: float = 0.01, positions: 
 def test_equals_the_act_definition_per_position(position_signal):
     act = policy(position_signal=position_signal)
     x = torch.randn(2, 5, D)
-    res = act(x, layer, 6, head=None)
+    res = act(x, ToyStack(layer, 6))
     expected, n, r = graves(x, act, 6, positions=position_signal)
     assert torch.allclose(res.hidden, expected, atol=1e-6)
     assert torch.equal(res.depth, n) and torch.allclose(act.last["remainder"], r, atol=1e-6)
@@ -69,7 +69,7 @@ def test_halting_weights_sum_to_one_and_the_ponder_cost_is_n_plus_r():
     x = torch.randn(3, 7, D)
     pad = torch.ones(3, 7, dtype=torch.bool)
     pad[0, 5:] = False
-    res = act(x, layer, 5, head=None, key_padding=pad)
+    res = act(x, ToyStack(layer, 5, key_padding=pad))
     n, r, total = act.last["steps"], act.last["remainder"], act.last["halted_sum"]
     assert torch.allclose(total + r, torch.ones_like(r), atol=1e-6)  # sum_{t<N} p_t + R = 1
     assert ((r > 0) & (r <= 1)).all() and ((n >= 1) & (n <= 5)).all()
@@ -86,7 +86,7 @@ def test_a_halted_state_is_copied_unchanged_to_later_steps():
         seen.append(h.clone())
         return layer(step, h)
 
-    act(x, record, 6, head=None)
+    act(x, ToyStack(record, 6))
     n, signal = act.last["steps"][0].long(), TimestepSignal(D, positions=False)
     pos = torch.arange(6)
     for i in range(6):

@@ -18,6 +18,7 @@ from xfam.core.mask import SHARED
 from xfam.exit import EXIT
 from xfam.memory import MEMORY
 from xfam.model import compat
+from xfam.model.plan import plan_call
 from xfam.pos import POS
 from xfam.training.hydra_app import precheck
 
@@ -90,7 +91,7 @@ def test_no_leak_between_packed_documents(attention, causal):
 
 def test_the_memory_tokens_carry_the_shared_document_id():
     model = build_model(num_memory_tokens=G)
-    _, _, seg = model._prepend_aux(torch.zeros(2, 10, 32), None, DOCS)
+    seg = plan_call(torch.zeros(2, 10, dtype=torch.long), None, DOCS, None, model.aux_tokens, model.aux_doc).segments
     assert (seg[:, :G] == SHARED).all() and torch.equal(seg[:, G:], DOCS)
 
 
@@ -169,11 +170,11 @@ def selection(attention="vanilla", exit="none", documents=False, **options):
     )
 
 
-def test_etc_refuses_memory_tokens_at_build_time():
+def test_etc_refuses_memory_tokens_before_anything_is_built():
     (msg,) = compat.check(selection("etc", num_memory_tokens=2))
     assert "model.num_memory_tokens cannot be combined with attention=etc" in msg and "Fix:" in msg
-    with pytest.raises(ConfigError, match="attention=etc"):
-        build_model(task="classify", attention={"name": "etc", "global_tokens": 2, "radius": 4}, num_memory_tokens=2)
+    with pytest.raises(ConfigError, match="model.num_memory_tokens cannot be combined with attention=etc"):
+        precheck(["data=listops", "attention=etc", "model.num_memory_tokens=2"])
 
 
 def test_early_exit_refuses_memory_tokens():

@@ -39,6 +39,10 @@ class AttentionMechanism(nn.Module, Component):
         fixed_length: needs every sequence to have exactly ``max_len`` tokens.
         aux_loss: returns auxiliary losses (``aux_losses``), which need a normal autograd graph.
         backends: the implementations behind ``backend`` (``auto`` picks, and logs once).
+
+    ``aux_tokens`` (set by a constructor): how many learned global tokens the model must prepend to every
+    input for this mechanism (ETC's ``global_tokens``; 0 for all others). A mechanism that asks for them
+    refuses, in its ``refusals``, what cannot hold them (memory, memory tokens, per-token exits).
     """
 
     causal: ClassVar[bool] = True
@@ -51,6 +55,7 @@ class AttentionMechanism(nn.Module, Component):
     fixed_length: ClassVar[bool] = False
     aux_loss: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)
+    aux_tokens: int = 0
 
     def new_step(self) -> None:
         """Called by the model once at the start of every training forward (a training step; each micro-batch

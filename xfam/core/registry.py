@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from xfam.core.errors import ConfigError, close_matches, unknown_choice
@@ -26,7 +26,8 @@ T = TypeVar("T")
 #: What the model builder injects; a component receives the ones its signature names (``out_dim``:
 #: the head's output size, vocabulary or classes, for exit policies with their own classifiers). ``shared``
 #: is one dict per model, for components that share modules across layers (Linformer's
-#: layer-wise projections).
+#: layer-wise projections). ``long_term``: the store a memory asks for (``Memory.needs_store``), opened by
+#: the model builder (``xfam.core.store``).
 STRUCTURAL = (
     "dim",
     "heads",
@@ -39,6 +40,7 @@ STRUCTURAL = (
     "vocab_size",
     "out_dim",
     "shared",
+    "long_term",
 )
 #: Keys of a slot config that are not constructor parameters (see ``xfam.core.schedule``).
 RESERVED = ("name", "per_layer", "per_head")
@@ -193,6 +195,12 @@ class Component:
         """Reasons this component cannot run with the rest of the slot selection
         (an ``xfam.model.compat.Selection``); each names the alternatives."""
         return []
+
+    def own_init_modules(self) -> Iterable[Any]:
+        """Submodules this component initialises itself, which the model's weight initialisation
+        (N(0, ``model.init_std``) for every linear and embedding) must leave as they are: e.g. a halting
+        unit's bias, or an MLP kept at PyTorch's default init. Default: none."""
+        return ()
 
 
 class Registry(Generic[T]):

@@ -1,14 +1,14 @@
 """Contract of the exit slot: the policy owns how depth is traversed.
 
-The model hands the policy a ``run_layer(step, x) -> x`` closure (attention, memory and decode
-state are handled inside it), a ``head(x, proj=None) -> logits`` (final norm and output layer,
-``[B, S, V]`` for a language model, pooled ``[B, C]`` for a classifier; ``proj`` replaces the output
-layer with a policy's own per-layer classifier) for policies that exit early or add
-per-layer losses, the positions ``[S]``, key padding ``[B, S]``, whether it is decoding, and in
-training the targets of the loss (``[B, S]`` next-token ids with -100 = none, or ``[B]`` labels),
-which per-layer classifiers train on. The policy decides which layers run for which tokens, and
-returns the final hidden states, the auxiliary losses it owns (per-layer losses, exit classifiers,
-ponder cost) and the per-token depth used.
+The model hands the policy its input rows ``x [B, G + S, D]`` and a ``LayerStack``
+(``xfam.core.stack``): ``stack.run_layer(step, x) -> x`` runs one layer (attention, memory and decode
+state are handled inside), ``stack.head(x, proj=None) -> logits`` is the final norm and output layer
+(``[B, S, V]`` for a language model, pooled ``[B, C]`` for a classifier; ``proj`` replaces the output
+layer with a policy's own per-layer classifier), and ``stack.positions [G + S]``,
+``stack.key_padding [B, G + S]``, ``stack.decoding`` and, in training, ``stack.targets`` (``[B, S]``
+next-token ids with -100 = none, or ``[B]`` labels, which per-layer classifiers train on) describe the
+call. The policy decides which layers run for which tokens, and returns the final hidden states, the
+auxiliary losses it owns (per-layer losses, exit classifiers, ponder cost) and the per-token depth used.
 A policy that shares one block across steps (ACT) says so with ``blocks_needed``.
 """
 
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xfam.core.registry import Component, Registry
+from xfam.core.stack import LayerStack
 from xfam.exit._early import Decide, traverse_all, traverse_with_exits
 
 
@@ -61,18 +62,8 @@ class ExitPolicy(nn.Module, Component):
         """How many distinct blocks the model builds (1 for a weight-shared recurrent block)."""
         return num_layers
 
-    def forward(
-        self,
-        x: Tensor,
-        run_layer: Callable[[int, Tensor], Tensor],
-        num_layers: int,
-        head: Callable[[Tensor], Tensor],
-        positions: Tensor | None = None,
-        key_padding: Tensor | None = None,
-        decoding: bool = False,
-        targets: Tensor | None = None,
-    ) -> ExitOutput:
-        """``x [B, S, D]`` at ``positions [S]`` (key padding ``[B, S]``, True = real) through the layers."""
+    def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
+        """``x [B, G + S, D]`` through the layers of ``stack`` (run with ``stack.run_layer``)."""
         raise NotImplementedError  # abstract
 
     def full_depth(self) -> contextlib.AbstractContextManager[None]:
@@ -97,17 +88,16 @@ class EarlyExitPolicy(ExitPolicy):
         super().__init__()
         self._full = False
 
-    def traverse(
-        self, x: Tensor, run_layer: Callable[[int, Tensor], Tensor], num_layers: int, decide: Decide, decoding: bool
-    ) -> tuple[Tensor, Tensor]:
+    def traverse(self, x: Tensor, stack: LayerStack, decide: Decide) -> tuple[Tensor, Tensor]:
         """Inference: each token's state at its exit ``[B, S, D]`` and its depth ``[B, S]``. Every layer for
         every token when exits are disabled (``full_depth()``, or a threshold above 1 without ``exit_at``),
         every token out after ``exit_at`` when it is set, else where ``decide`` says."""
+        n = stack.num_layers
         if self._full or (self.exit_at == 0 and self.threshold > 1):
-            return traverse_all(x, run_layer, num_layers)[-1], torch.full(x.shape[:2], num_layers, device=x.device)
+            return traverse_all(x, stack.run_layer, n)[-1], torch.full(x.shape[:2], n, device=x.device)
         if self.exit_at:
             decide = lambda n, before, after: torch.full(after.shape[:2], n == self.exit_at, device=after.device)
-        return traverse_with_exits(x, run_layer, num_layers, decide, decoding)
+        return traverse_with_exits(x, stack.run_layer, n, decide, stack.decoding)
 
     @contextlib.contextmanager
     def full_depth(self) -> Iterator[None]:

@@ -21,7 +21,6 @@ Shapes: x ``[B, S, D]``, halting quantities ``[B, S]``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import torch
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 
 from xfam.core.registry import Range
 from xfam.core.sinusoid import TimestepSignal
+from xfam.core.stack import LayerStack
 from xfam.exit._base import EXIT, ExitOutput, ExitPolicy
 
 
@@ -64,9 +64,11 @@ class ACT(ExitPolicy):
         self.mode, self.eps, self.tau = mode, eps, tau
         self.signal = TimestepSignal(dim, positions=position_signal) if signal else None
         self.halt = nn.Linear(dim, 1)
-        self.halt.own_init = True  # the model's init must not reset the halting bias
         nn.init.normal_(self.halt.weight, std=0.02)
         nn.init.constant_(self.halt.bias, halting_bias)
+
+    def own_init_modules(self) -> list[nn.Module]:
+        return [self.halt]  # the model's init must not reset the halting bias
 
     def blocks_needed(self, num_layers: int) -> int:
         return 1
@@ -86,20 +88,11 @@ class ACT(ExitPolicy):
         pos = positions if positions is not None else torch.arange(x.shape[1], device=x.device)
         return self.signal(x, pos, step)
 
-    def forward(
-        self,
-        x: Tensor,
-        run_layer: Callable[[int, Tensor], Tensor],
-        num_layers: int,
-        head: Callable[[Tensor], Tensor],
-        positions: Tensor | None = None,
-        key_padding: Tensor | None = None,
-        decoding: bool = False,
-        targets: Tensor | None = None,
-    ) -> ExitOutput:
+    def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
+        num_layers, positions = stack.num_layers, stack.positions
         if self.mode == "fixed":
             for step in range(num_layers):
-                x = run_layer(step, self._step_input(x, step, positions))
+                x = stack.run_layer(step, self._step_input(x, step, positions))
             return ExitOutput(hidden=x)
         b, s, _ = x.shape
         total = x.new_zeros(b, s)  # sum of p_t of the steps taken so far
@@ -109,7 +102,7 @@ class ACT(ExitPolicy):
         out = torch.zeros_like(x)
         threshold = 1.0 - self.eps
         for step in range(num_layers):
-            if not decoding and not running.any():
+            if not stack.decoding and not running.any():
                 break  # every output is final; decoding goes on so every step's cache is complete
             state = self._step_input(x, step, positions)  # [B, S, D]
             p = torch.sigmoid(self.halt(state)).squeeze(-1)  # [B, S]
@@ -120,12 +113,12 @@ class ACT(ExitPolicy):
             weight = torch.where(goes_on, p, torch.where(halts, remainder, 0.0))  # w_t: p_t, or R at N
             total = total + torch.where(goes_on, p, 0.0)
             steps = steps + running.to(x.dtype)
-            new = run_layer(step, state)  # [B, S, D]
+            new = stack.run_layer(step, state)  # [B, S, D]
             out = out + weight.unsqueeze(-1) * new
             x = torch.where(running.unsqueeze(-1), new, x)  # halted positions keep their state
             running = goes_on
         ponder = steps + remainder  # rho = N + R, [B, S]
-        real = key_padding if key_padding is not None else torch.ones_like(running)
+        real = stack.key_padding if stack.key_padding is not None else torch.ones_like(running)
         cost = (ponder * real).sum() / real.sum().clamp_min(1)
         # for inspection and tests: N, R, sum_{t<N} p_t and rho per position (detached: no graph is kept alive)
         self.last = {

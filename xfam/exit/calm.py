@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from xfam.core.errors import ConfigError
 from xfam.core.registry import Range
+from xfam.core.stack import LayerStack
 from xfam.exit._base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses
 from xfam.exit._early import traverse_all
 
@@ -119,28 +120,18 @@ class CALM(EarlyExitPolicy):
         decay = torch.exp(-self.threshold_decay * t / self.max_len)
         return (0.9 * self.threshold + 0.1 * decay).clamp(0.0, 1.0)
 
-    def forward(
-        self,
-        x: Tensor,
-        run_layer: Callable[[int, Tensor], Tensor],
-        num_layers: int,
-        head: Callable[[Tensor], Tensor],
-        positions: Tensor | None = None,
-        key_padding: Tensor | None = None,
-        decoding: bool = False,
-        targets: Tensor | None = None,
-    ) -> ExitOutput:
-        if self.training and targets is not None:
-            return self._train(x, run_layer, num_layers, head, targets)
+    def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
+        if self.training and stack.targets is not None:
+            return self._train(x, stack.run_layer, stack.num_layers, stack.head, stack.targets)
 
         def decide(n: int, before: Tensor, after: Tensor) -> Tensor:
             if n < self.min_layer:
                 return torch.zeros(after.shape[:2], dtype=torch.bool, device=after.device)
-            c = self.confidence(n, before, after, head)  # [B, S], or [B, S - G] from the head
+            c = self.confidence(n, before, after, stack.head)  # [B, S], or [B, S - G] from the head
             c = F.pad(c, (after.shape[1] - c.shape[1], 0), value=float("-inf"))  # global tokens (ETC) never exit
-            return c >= self.threshold_at(positions, after)
+            return c >= self.threshold_at(stack.positions, after)
 
-        hidden, depth = self.traverse(x, run_layer, num_layers, decide, decoding)
+        hidden, depth = self.traverse(x, stack, decide)
         return ExitOutput(hidden=hidden, depth=depth)
 
     def _train(

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from xfam.core.errors import ConfigError
 from xfam.core.registry import Range
+from xfam.core.stack import LayerStack
 from xfam.exit._base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses, target_nll
 from xfam.exit._early import traverse_all, traverse_with_exits
 
@@ -137,19 +138,10 @@ class DepthAdaptive(EarlyExitPolicy):
         return idx + 1, prob
 
     # -- forward ---------------------------------------------------------------------------------
-    def forward(
-        self,
-        x: Tensor,
-        run_layer: Callable[[int, Tensor], Tensor],
-        num_layers: int,
-        head: Head,
-        positions: Tensor | None = None,
-        key_padding: Tensor | None = None,
-        decoding: bool = False,
-        targets: Tensor | None = None,
-    ) -> ExitOutput:
-        if self.training and targets is not None:
-            return self._train(x, run_layer, num_layers, head, targets, key_padding)
+    def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
+        num_layers, head, key_padding = stack.num_layers, stack.head, stack.key_padding
+        if self.training and stack.targets is not None:
+            return self._train(x, stack.run_layer, num_layers, head, stack.targets, key_padding)
         plan: dict[str, Tensor] = {}
 
         def decide(n: int, before: Tensor, after: Tensor) -> Tensor:
@@ -160,7 +152,7 @@ class DepthAdaptive(EarlyExitPolicy):
                 plan["depth"] = torch.where(prob >= self.threshold, depth, num_layers)
             return plan["depth"] == n
 
-        hidden, depth = self.traverse(x, run_layer, num_layers, decide, decoding)
+        hidden, depth = self.traverse(x, stack, decide)
         return ExitOutput(hidden=hidden, depth=depth, logits=self._exit_logits(hidden, depth, head, num_layers))
 
     def _exit_logits(self, hidden: Tensor, depth: Tensor, head: Head, num_layers: int) -> Tensor | None:

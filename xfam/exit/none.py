@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import Tensor
 
+from xfam.core.stack import LayerStack
 from xfam.exit._base import EXIT, ExitOutput, ExitPolicy
 
 
@@ -18,17 +17,7 @@ class FullDepth(ExitPolicy):
     def __init__(self) -> None:
         super().__init__()
 
-    def forward(
-        self,
-        x: Tensor,
-        run_layer: Callable[[int, Tensor], Tensor],
-        num_layers: int,
-        head: Callable[[Tensor], Tensor],
-        positions: Tensor | None = None,
-        key_padding: Tensor | None = None,
-        decoding: bool = False,
-        targets: Tensor | None = None,
-    ) -> ExitOutput:
-        for step in range(num_layers):
-            x = run_layer(step, x)
+    def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
+        for step in range(stack.num_layers):
+            x = stack.run_layer(step, x)
         return ExitOutput(hidden=x)

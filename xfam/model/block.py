@@ -37,7 +37,6 @@ class SelfAttention(nn.Module):
         self.kv_width = self.kv_heads * self.head_dim
         self.qkv = nn.Linear(spec.dim, self.q_width + 2 * self.kv_width, bias=spec.bias)
         self.out = nn.Linear(self.q_width, spec.dim, bias=spec.bias)
-        self.out.residual_out = True
         self.mechanism = mechanism
         self.persistent_k = self.persistent_v = None
         if spec.num_mem_kv:  # normal init, like the embeddings (x-transformers draws them from randn)
@@ -158,6 +157,11 @@ class Block(nn.Module):
             x = self.norm1(x + self.drop(a))
             x = self.norm2(x + self.drop(self.ffn(x)))
         return x, state
+
+    def residual_projections(self) -> list[nn.Module]:
+        """The projections that write into the residual stream (attention output, FFN down), whose init the
+        model scales by 1/sqrt(2L) (``ModelSpec.init_std``)."""
+        return [self.attn.out, self.ffn.down]
 
     def view(self, segments: Tensor | None) -> LayerView:
         """What a memory of this layer may use (``xfam.memory._base.LayerView``): the attention's

@@ -23,7 +23,6 @@ class FeedForward(nn.Module):
         self.glu = spec.ffn == "swiglu"
         self.up = nn.Linear(spec.dim, hidden * (2 if self.glu else 1), bias=spec.bias)
         self.down = nn.Linear(hidden, spec.dim, bias=spec.bias)
-        self.down.residual_out = True  # scaled init (see ModelSpec.init_std)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.up(x)  # [B, S, hidden or 2*hidden]

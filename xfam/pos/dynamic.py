@@ -38,8 +38,6 @@ class DynamicBias(ScoreBias):
             layers += [nn.Linear(width, hidden), *([nn.LayerNorm(hidden)] if norm else []), nn.SiLU()]
             width = hidden
         self.mlp = nn.Sequential(*layers, nn.Linear(width, heads))
-        for m in self.mlp:  # PyTorch's default init, as x-transformers; the model's N(0, 0.02) would make the
-            m.own_init = True  # bias ~1e-6 at the start, an order-blind model (tests/contracts/test_pos_contract.py)
 
     def distances(self, n: Tensor) -> Tensor:
         """``[..., H]`` biases of integer distances ``n``."""
@@ -83,6 +81,11 @@ class Dynamic(PositionalEncoding):
     ):
         super().__init__()
         self.bias = DynamicBias(heads, hidden or max(dim // 4, 1), depth, log_distance, norm)
+
+    def own_init_modules(self) -> list[nn.Module]:
+        # PyTorch's default init, as x-transformers; the model's N(0, 0.02) would make the bias ~1e-6 at the
+        # start, an order-blind model (tests/contracts/test_pos_contract.py)
+        return list(self.bias.mlp)
 
     def score_bias(self) -> ScoreBias:
         return self.bias

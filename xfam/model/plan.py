@@ -1,0 +1,108 @@
+"""The plan of one forward call: which rows run, at which positions, with which padding and documents.
+
+Every call's rows are ``[aux tokens | input]``: G auxiliary tokens (memory tokens or ETC's global
+tokens; G = 0 in most models) in front of the S input tokens. The aux tokens run in the first call
+only: later decode calls find their keys and values in the cache, and their rows ride along
+unchanged (the head drops them). Keys are ``[persistent | memory or cache | rows]`` (``AttnMask``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from xfam.core.state import DecodeState
+
+
+@dataclasses.dataclass
+class DecodeCache:
+    """Incremental-decoding state: tokens seen so far, each layer's mechanism state, and the key
+    padding ``[B, length]`` of the tokens seen so far (None while nothing was padded)."""
+
+    length: int
+    layers: list[DecodeState | None]
+    key_padding: Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPlan:
+    """Index bookkeeping of one call (G aux tokens, S input tokens, T cached tokens).
+
+    Attributes:
+        offset: T, the tokens already in the decode cache (0 without one).
+        ride: aux rows that ride along unchanged (G in decode calls after the first, else 0).
+        lead: aux rows among the rows that run (G in the first call, else 0).
+        positions: ``[S]`` the input's own positions (aux tokens take none).
+        row_positions: ``[G + S]`` positions of every row, the aux rows counting down from the input's.
+        input_padding: ``[B, S]`` the input's key padding (the classifier head pools with it).
+        key_padding, segments: ``[B, G + S]`` padding and document ids of every row (aux rows are real;
+            their document is ``aux_doc``).
+        run_padding, run_segments: the same for the rows that run ``[B, G + S - ride]``.
+        cache_padding: ``[B, T + S]`` padding of the keys of a decode call, when any is padded.
+        decoding: the call extends a decode cache.
+    """
+
+    offset: int
+    ride: int
+    lead: int
+    positions: Tensor
+    row_positions: Tensor
+    input_padding: Tensor | None
+    key_padding: Tensor | None
+    segments: Tensor | None
+    run_padding: Tensor | None
+    run_segments: Tensor | None
+    cache_padding: Tensor | None
+    decoding: bool
+
+    @property
+    def rows(self) -> int:
+        """Rows that run in this call (and enter the decode cache)."""
+        return len(self.row_positions) - self.ride
+
+
+def plan_call(
+    tokens: Tensor,
+    key_padding: Tensor | None,
+    segments: Tensor | None,
+    cache: DecodeCache | None,
+    aux_tokens: int,
+    aux_doc: int,
+) -> CallPlan:
+    """The plan of a call on ``tokens [B, S]`` with ``aux_tokens`` G in front (see ``CallPlan``)."""
+    b, s = tokens.shape
+    offset = cache.length if cache is not None else 0
+    ride = aux_tokens if offset else 0
+    start = offset - ride  # the input's own first position
+    positions = torch.arange(start, start + s, device=tokens.device)  # [S]
+    row_positions = torch.arange(start - aux_tokens, start + s, device=tokens.device)  # [G + S]
+    input_padding = key_padding
+    if aux_tokens:  # aux rows are never padding; in packed rows their document is aux_doc
+        if key_padding is not None:
+            key_padding = torch.cat((key_padding.new_ones(b, aux_tokens), key_padding), dim=1)  # [B, G + S]
+        if segments is not None:
+            segments = torch.cat((segments.new_full((b, aux_tokens), aux_doc), segments), dim=1)  # [B, G + S]
+    run_padding, run_segments = (None if t is None else t[:, ride:] for t in (key_padding, segments))
+    cache_padding = None
+    if cache is not None and (run_padding is not None or cache.key_padding is not None):
+        # Keys are [cache | new rows]: the mask needs the padding of the cached tokens too.
+        rows = aux_tokens + s - ride
+        past = cache.key_padding if cache.key_padding is not None else tokens.new_ones(b, offset, dtype=torch.bool)
+        new = run_padding if run_padding is not None else tokens.new_ones(b, rows, dtype=torch.bool)
+        cache_padding = torch.cat((past, new), dim=1)  # [B, T + rows]
+    return CallPlan(
+        offset=offset,
+        ride=ride,
+        lead=aux_tokens - ride,
+        positions=positions,
+        row_positions=row_positions,
+        input_padding=input_padding,
+        key_padding=key_padding,
+        segments=segments,
+        run_padding=run_padding,
+        run_segments=run_segments,
+        cache_padding=cache_padding,
+        decoding=cache is not None,
+    )

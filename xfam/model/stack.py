@@ -1,0 +1,145 @@
+"""The layer stack of one forward call, as the exit policy drives it (``xfam.core.stack.LayerStack``).
+
+``run_layer(step, x)`` runs one layer on the rows of the call: it finds the layer's memory (or decode
+cache) in front of the keys, builds the layer context once per distinct key layout, lets a memory
+that augments attention into the layer, writes the new memory and decode state, and gathers the
+components' auxiliary losses. Keys are ``[persistent | front | rows]`` where the front is the
+layer's memory ``[B, M, D]`` or the decode cache (T tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from xfam.core.context import LayerContext
+from xfam.core.mask import AttnMask
+from xfam.core.state import DecodeState, MemoryState
+from xfam.memory import Memory
+from xfam.model.block import Block
+from xfam.model.plan import CallPlan, DecodeCache
+from xfam.model.reversible import reversible_stack
+
+
+class Stack:
+    """The blocks and per-layer memories of a model, bound to one call's plan, states and targets."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: CallPlan,
+        *,
+        memory: list[MemoryState] | None,
+        cache: DecodeCache | None,
+        targets: Tensor | None,
+        retrieved: tuple[Tensor, Tensor] | None,
+        dtype: torch.dtype,
+    ):
+        """``model``: the ``XfamModel`` whose blocks, memories, positional encoding and head run; ``memory`` /
+        ``cache``: the states passed in; ``retrieved``: an output memory's neighbours, for the head; ``dtype``:
+        the embedded input's (the rotary tables')."""
+        self.model, self.plan, self.retrieved = model, plan, retrieved
+        self.spec, self.causal, self.pos = model.spec, model.causal, model.pos
+        self.blocks, self.memories = model.blocks, model.memories
+        self.num_layers = len(self.memories)
+        self.positions, self.key_padding, self.decoding = plan.row_positions, plan.key_padding, plan.decoding
+        self.targets = targets
+        self.memory = memory  # the states passed in (read), and the new ones (written)
+        self.new_memory = list(memory) if memory is not None else None
+        self.reads = self.read_docs = None  # per layer: memory states [B, M, D] in front of the keys, their documents
+        if memory is not None:
+            self.reads = [m.read(st) for m, st in zip(self.memories, memory, strict=True)]
+            self.read_docs = [m.read_segments(st) for m, st in zip(self.memories, memory, strict=True)]
+        self.states = list(cache.layers) if cache is not None else None
+        self.aux: dict[str, Tensor] = {}
+        self._contexts: dict[object, LayerContext] = {}
+        self._dtype = dtype  # of the embedded input: the rotary tables'
+
+    # -- the LayerStack contract ---------------------------------------------------------------------
+    def run_layer(self, step: int, x: Tensor) -> Tensor:
+        """Layer ``step`` on ``x [B, G + S, D]`` (rows riding along in a decode call pass unchanged)."""
+        plan = self.plan
+        carried, h = x[:, : plan.ride], x[:, plan.ride :]
+        block: Block = self.blocks[step % len(self.blocks)]
+        mem = self.reads[step] if self.reads is not None else None
+        front = plan.offset if plan.decoding else (0 if mem is None else mem.shape[1])
+        docs = self.read_docs[step] if self.read_docs and plan.run_segments is not None and front else None
+        out, state = block(h, self.context(front, docs), mem, self._state(step), self._augment(step))
+        if self.states is not None:
+            self.states[step] = state
+        self._add_aux("attention", block.attn.mechanism.aux_losses())
+        if self.new_memory is not None:
+            self._write_memory(step, block, h)
+        return torch.cat((carried, out), dim=1) if plan.ride else out
+
+    def head(self, x: Tensor, proj: nn.Module | None = None) -> Tensor:
+        return self.model.head_logits(x, self.plan.input_padding, proj, self.retrieved)
+
+    # -- whole-stack paths ---------------------------------------------------------------------------
+    def run_reversible(self, x: Tensor) -> Tensor:
+        """Every layer in one recomputed pass (``xfam.model.reversible``), for ``model.reversible``."""
+        ride, front = self.plan.ride, self.plan.offset if self.plan.decoding else 0
+        ctx = self.context(front)
+        hidden = reversible_stack(x[:, ride:], self.blocks, lambda i: ctx, self.spec.ffn_chunks, self.states)
+        return torch.cat((x[:, :ride], hidden), dim=1) if ride else hidden
+
+    def new_cache(self) -> DecodeCache | None:
+        """The decode cache after this call (None when no cache was passed in)."""
+        if self.states is None:
+            return None
+        return DecodeCache(self.plan.offset + self.plan.rows, self.states, self.plan.cache_padding)
+
+    # -- inside a layer ------------------------------------------------------------------------------
+    def context(self, front: int, front_docs: Tensor | None = None) -> LayerContext:
+        """The layer context of keys ``[persistent | front | rows]``, built once per distinct front length
+        (and per memory when documents are marked: each memory keeps its own entries' document ids)."""
+        key = front if front_docs is None else (front, id(front_docs))
+        if key not in self._contexts:
+            self._contexts[key] = self._make_context(front, front_docs)
+        return self._contexts[key]
+
+    def _make_context(self, front: int, front_docs: Tensor | None) -> LayerContext:
+        plan = self.plan
+        pad, seg = plan.run_padding, plan.run_segments  # [B, R]
+        rows = plan.rows
+        if plan.decoding:
+            pad = plan.cache_padding  # [B, T + R]
+        elif pad is not None and front:
+            pad = torch.cat((pad.new_ones(pad.shape[0], front), pad), dim=1)  # [B, M + R]
+        if seg is not None and front and not plan.decoding:  # memory of another document is never seen
+            front_docs = seg.new_full((seg.shape[0], front), -1) if front_docs is None else front_docs
+            seg = torch.cat((front_docs.to(seg), seg), dim=1)  # [B, M + R]
+        p = self.spec.num_mem_kv
+        mask = AttnMask(rows, p + front + rows, self.causal, pad, seg, persistent=p)
+        key_pos = torch.arange(front + rows, device=plan.positions.device)[-rows if plan.decoding else 0 :]
+        return LayerContext(
+            mask=mask,
+            pos=self.pos,
+            bias=self.pos.score_bias(),
+            rotary=self.pos.rotary_tables(key_pos, self._dtype),
+            decoding=plan.decoding,
+        )
+
+    def _state(self, step: int) -> DecodeState | None:
+        return self.states[step] if self.states is not None else None
+
+    def _augment(self, step: int) -> Callable[[Tensor, Tensor], Tensor] | None:
+        """A memory's hook into its layer's attention output (``Memory.augment``), if it has one."""
+        memory: Memory = self.memories[step]
+        if self.memory is None or not memory.augments_attention:
+            return None
+        state, segments = self.memory[step], self.plan.run_segments
+        return lambda q, o: memory.augment(state, q, o, segments)
+
+    def _write_memory(self, step: int, block: Block, h: Tensor) -> None:
+        """The layer's new memory from its input rows (aux rows excluded: memories store the input's states)."""
+        lead, seg = self.plan.lead, self.plan.run_segments
+        view = block.view(None if seg is None else seg[:, lead:])
+        self.new_memory[step], losses = self.memories[step].write(self.memory[step], h[:, lead:], view)
+        self._add_aux("memory", losses)
+
+    def _add_aux(self, slot: str, losses: dict[str, Tensor]) -> None:
+        for k, val in losses.items():
+            self.aux[f"{slot}/{k}"] = self.aux.get(f"{slot}/{k}", 0.0) + val
