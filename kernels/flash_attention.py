@@ -1,5 +1,10 @@
 """Fused flash attention, forward and backward, in Triton, beside its PyTorch reference.
 
+One file of about 1000 lines: the three kernels share their ``@triton.jit`` helpers and tile conventions with
+the launch code (tile sizes, the shared-memory fallback, the layout's CSR transpose, the checks), which must
+be read and changed together, and the compile report (``scripts/compile_kernels.py``) names the kernels by
+this module (``flash_attention._fwd_kernel``).
+
 Tiled attention with an online softmax (FlashAttention, Dao et al., 2022, arXiv:2205.14135), in the
 work split of FlashAttention-2 (Dao, 2023, arXiv:2307.08691): one program per query block walks its
 key blocks, keeping a running maximum, sum and fp32 output accumulator, and saves the log-sum-exp of

@@ -38,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from run_experiments import RESULTS, write_section  # noqa: E402
 
-from xfam.cli.evaluate import split_loader  # noqa: E402
 from xfam.eval.calibrate import split_check  # noqa: E402
 from xfam.eval.inference import threshold_sweep  # noqa: E402
+from xfam.eval.loop import split_loader  # noqa: E402
 from xfam.eval.metrics import add_stats, batch_stats, summarize  # noqa: E402
-from xfam.training.lit.checkpoint import load_model  # noqa: E402
+from xfam.model.checkpoint import load_model  # noqa: E402
 
 MEASURES = {
     "softmax": [1.01, 0.99, 0.98, 0.96, 0.94, 0.92, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1],

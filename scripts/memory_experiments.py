@@ -247,7 +247,7 @@ def recall_eval(run: Run, split: str = "test") -> dict[str, Any]:
     from xfam.data.module import XfamDataModule
     from xfam.eval.metrics import add_stats, batch_stats, summarize
     from xfam.model.build import build_data
-    from xfam.training.lit.checkpoint import read
+    from xfam.model.checkpoint import read
     from xfam.training.lit.module import XfamLitModule
 
     ckpt = Path(run.run_dir) / "checkpoints" / "last.ckpt"

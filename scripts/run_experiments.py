@@ -95,7 +95,7 @@ def compose(experiment: str, overrides: list[str]) -> dict[str, Any]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
+    from xfam.training.run_names import CONFIG_DIR, register_resolvers
 
     register_resolvers()
     GlobalHydra.instance().clear()
@@ -177,7 +177,7 @@ def train_run(run: Run, cfg: dict[str, Any], reusable: bool) -> None:
         run.seconds = time.perf_counter() - start
         run.status = "ok"
         (run_dir / "driver.json").write_text(json.dumps({"seconds": run.seconds, "command": run.command}, indent=1))
-    from xfam.training.lit.checkpoint import read
+    from xfam.model.checkpoint import read
 
     info = read(run_dir / "checkpoints" / "last.ckpt")["xfam"]["data_info"]
     run.params = sum(p.numel() for p in build_model(cfg, info).parameters())
@@ -212,7 +212,7 @@ def evaluate(ckpt: Path, attention: dict[str, Any], split: str) -> dict[str, flo
     from xfam.data.module import XfamDataModule
     from xfam.eval.metrics import batch_stats, summarize
     from xfam.model.build import build_data, build_model
-    from xfam.training.lit.checkpoint import read
+    from xfam.model.checkpoint import read
 
     saved = read(ckpt)
     meta = saved["xfam"]
@@ -237,7 +237,7 @@ def evaluate(ckpt: Path, attention: dict[str, Any], split: str) -> dict[str, flo
 
 def eval_rounds(run: Run, rounds: list[int], split: str = "test") -> None:
     """Evaluate the run's last checkpoint once per number of evaluation hash rounds."""
-    from xfam.training.lit.checkpoint import read
+    from xfam.model.checkpoint import read
 
     ckpt = Path(run.run_dir) / "checkpoints" / "last.ckpt"
     saved = read(ckpt)
@@ -260,7 +260,7 @@ def eval_lengths(run: Run, sweep: dict[str, Any]) -> None:
     """Evaluate the run's last checkpoint at every length and protocol of the sweep (xfam.eval.extrapolation);
     cached in ``<run>/extrapolation.json``, reused while the settings and the checkpoint's step match."""
     from xfam.eval.extrapolation import evaluate_checkpoint
-    from xfam.training.lit.checkpoint import read
+    from xfam.model.checkpoint import read
 
     ckpt = Path(run.run_dir) / "checkpoints" / "last.ckpt"
     settings = {**length_settings(sweep), "step": read(ckpt)["global_step"]}

@@ -2,10 +2,10 @@
 
 Public Python API (imported lazily, so ``import xfam`` stays cheap):
 
-    xfam.build_model(config, data_info)   # a model from a plain config (no Hydra)
+    xfam.build_model(config, data_info)   # a model from a plain config or validate's RunConfig (no Hydra)
     xfam.build_data(config)               # the data source of config["data"]
     xfam.load_model(path)                 # (model, metadata) from a checkpoint (no Lightning, no Hydra)
-    xfam.validate(config)                 # every problem of a config, as one ConfigError
+    xfam.validate(config)                 # a frozen RunConfig; every problem of a config as one ConfigError
     xfam.train(config, run_dir)           # one training run, as train.py does it
 """
 
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _API = {
     "build_model": "xfam.model.build",
     "build_data": "xfam.model.build",
-    "load_model": "xfam.training.lit.checkpoint",
+    "load_model": "xfam.model.checkpoint",
     "validate": "xfam.config",
     "train": "xfam.training.runner",
     "ConfigError": "xfam.core.errors",

@@ -34,7 +34,7 @@ from xfam.model import compat
 from xfam.model.build import build_model
 from xfam.model.spec import ModelSpec
 from xfam.pos import POS
-from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
+from xfam.training.run_names import CONFIG_DIR, register_resolvers
 
 SEQ = 16
 VOCAB, CLASSES = 13, 3

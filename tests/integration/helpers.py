@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
+from xfam.training.run_names import CONFIG_DIR, register_resolvers
 
 ROOT = CONFIG_DIR.parent
 

@@ -20,8 +20,9 @@ import torch
 from tests.integration.helpers import compose_cfg, run_cli
 from xfam.cli import main as xfam_main
 from xfam.model.build import build_model
+from xfam.model.checkpoint import metadata
 from xfam.training import hydra_app
-from xfam.training.lit.checkpoint import metadata
+from xfam.training.precheck import config_groups
 
 CLEAN_EXIT = 2
 #: Words that introduce the fix in a message (compat's refusals list "Alternatives:").
@@ -211,7 +212,7 @@ TRAIN: list[tuple[Any, ...]] = [
     ("sweep-all-jobs-invalid", ["-m", "model.heads=3,5"], ["model.heads=3", "model.heads=5"]),
     ("sweep-trainer", ["-m", "trainer.max_steps=-5,-6"], ["trainer.max_steps=-5", "trainer.max_steps=-6"]),
     ("sweep-names", ["-m", "name=a/b,c/d"], ["name='a/b'"]),
-    # -- the override grammar (hydra_app's precheck)
+    # -- the override grammar (xfam.training.precheck)
     ("grammar-open-list", ["pos=["], ["pos=["]),
     ("grammar-bare-word", ["foo"], ["foo"]),
     ("grammar-open-value", ["model.dim=["], ["model.dim"]),
@@ -402,7 +403,7 @@ def test_xfam_command_line_is_refused_before_anything_is_written(
 def test_the_table_covers_every_config_group() -> None:
     """At least one case selects or sets each group (and 150 cases in all)."""
     words = " ".join(a for case in _flat(TRAIN) for a in case.values[0])
-    missing = [g for g in hydra_app.config_groups() if f"{g}=" not in words and f"{g}." not in words]
+    missing = [g for g in config_groups() if f"{g}=" not in words and f"{g}." not in words]
     assert not missing, f"no case for {missing}"
     assert len(TRAIN) + len(XFAM) >= 150
 

@@ -14,7 +14,7 @@ from xfam.config.specs import CallbacksSpec, LoggerSpec, OptimSpec, RunSpec
 from xfam.core.errors import ConfigError
 from xfam.core.registry import defaults_of
 from xfam.model.spec import ModelSpec
-from xfam.training.hydra_app import config_groups, precheck
+from xfam.training.precheck import config_groups, precheck
 
 GROUPS = config_groups()
 OPTIONS = [(g, o) for g, opts in GROUPS.items() for o in opts if g not in ("hparams_search",)]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
-from xfam.cli.evaluate import evaluate, split_loader
 from xfam.eval.knnlm import build_datastore, score
+from xfam.eval.loop import evaluate, split_loader
 from xfam.eval.metrics import add_stats, batch_stats, summarize
-from xfam.training.lit.checkpoint import load_model
+from xfam.model.checkpoint import load_model
 from xfam.training.runner import train
 
 MEMORY = ["memory=xl", "pos=xl", "memory.mem_len=32", "data.doc_mask=true"]

@@ -13,9 +13,9 @@ import torch
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
 from xfam.config import check_machine, validate
 from xfam.core.errors import ConfigError
-from xfam.training.hydra_app import precheck
 from xfam.training.lit.callbacks import MatmulPrecision
 from xfam.training.lit.checkpoint import AtomicCheckpointIO
+from xfam.training.precheck import precheck
 
 REFUSAL = "trainer=fsdp needs GPUs; on CPU use trainer=ddp_cpu"
 

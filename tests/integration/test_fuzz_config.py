@@ -16,7 +16,7 @@ from xfam.core.registry import defaults_of
 from xfam.exit import EXIT
 from xfam.model import compat
 from xfam.pos import POS
-from xfam.training.hydra_app import config_groups, precheck
+from xfam.training.precheck import config_groups, precheck
 
 SLOTS = {"attention": ATTENTION, "pos": POS, "exit": EXIT}
 RNG = random.Random(0)

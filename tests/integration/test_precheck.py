@@ -14,7 +14,8 @@ import pytest
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
 from xfam.core.errors import ConfigError
 from xfam.core.schedule import per_layer
-from xfam.training.hydra_app import CONFIG_DIR, config_groups, precheck
+from xfam.training.precheck import config_groups, precheck
+from xfam.training.run_names import CONFIG_DIR
 
 CLEAN_EXIT = 2  # every configuration or input problem
 

@@ -23,9 +23,11 @@ def test_adding_a_component_example_runs() -> None:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Adding a component") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    xfam_imports = re.findall(r"^(?:from|import) (xfam\S*)", code, re.M)
+    assert xfam_imports == ["xfam.api"], f"the example imports only the public xfam.api: {xfam_imports}"
     namespace = {"__name__": "readme_example"}
     exec(compile(code, "README.md", "exec"), namespace)  # registers pos=clipped
-    from xfam.pos._base import POS
+    from xfam.api import POS
 
     try:
         from doubles import build_model, decode_logits

@@ -19,8 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
 from xfam.core.errors import ConfigError
-from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
-from xfam.training.lit.checkpoint import DiskFullError
+from xfam.model.checkpoint import DiskFullError
+from xfam.training.run_names import CONFIG_DIR, register_resolvers
 from xfam.training.runner import train
 
 SHORT = ["trainer.max_steps=3", "trainer.val_check_interval=3"]

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
-from xfam.cli.evaluate import evaluate, split_loader
 from xfam.config import validate
 from xfam.core.errors import ConfigError
 from xfam.eval.knnlm import build_datastore
+from xfam.eval.loop import evaluate, split_loader
 from xfam.model.build import build_model
-from xfam.training.lit.checkpoint import load_model
+from xfam.model.checkpoint import load_model
 from xfam.training.runner import train
 
 SPALM = ["memory=spalm", "pos=xl", "memory.mem_len=32"]
@@ -100,7 +100,7 @@ def test_gradients_reach_the_gate_and_the_word_embeddings_only(base: tuple[Path,
     out = model(torch.randint(0, 50, (2, 8)), memory=model.init_memory(2, "cpu"))
     out.logits.logsumexp(-1).sum().backward()
     assert spalm.gate.weight.grad.abs().sum() > 0 and model.embed.weight.grad.abs().sum() > 0
-    encoder = spalm._encoder[0]
+    encoder = spalm._store.encoder
     assert all(not p.requires_grad and p.grad is None for p in encoder.parameters())
     assert not any("encoder" in k or "_store" in k for k in model.state_dict())  # frozen, never saved
 

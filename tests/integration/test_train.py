@@ -14,7 +14,7 @@ import torch
 
 from tests.integration.helpers import TINY, compose_cfg, text_data
 from xfam.core.errors import ConfigError
-from xfam.training.lit.checkpoint import load_model
+from xfam.model.checkpoint import load_model
 from xfam.training.runner import train
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import xfam.kernels.linear_attention as module
-from xfam.attention._linear import _stabiliser, causal_sums
+from xfam.attention._linear_sums import _stabiliser, causal_sums
 from xfam.kernels import runtime
 from xfam.kernels.linear_attention import causal_linear_attention, causal_linear_attention_reference
 

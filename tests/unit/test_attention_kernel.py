@@ -16,7 +16,7 @@ import torch
 from doubles import build_model, decode_logits
 
 from xfam.attention import ATTENTION
-from xfam.attention._linear import ChunkedPrefix, bidirectional_sums, causal_sums, decayed_scan, gaussian_matrix
+from xfam.attention._linear_sums import ChunkedPrefix, bidirectional_sums, causal_sums, decayed_scan, gaussian_matrix
 from xfam.attention.performer import favor_log_features
 from xfam.attention.rfa import _SinCos, rff_features
 from xfam.attention.vanilla import reference_attention

@@ -162,7 +162,7 @@ def _cfg(task: str) -> dict:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from xfam.training.hydra_app import CONFIG_DIR, register_resolvers
+    from xfam.training.run_names import CONFIG_DIR, register_resolvers
 
     data = (
         ["data=duplication", "data.seq_len=16"]

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from xfam.core.errors import ConfigError
-from xfam.training.lit import checkpoint
-from xfam.training.lit.checkpoint import AtomicCheckpointIO, architecture_diff
+from xfam.model import checkpoint
+from xfam.model.checkpoint import architecture_diff
+from xfam.training.lit.checkpoint import AtomicCheckpointIO
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

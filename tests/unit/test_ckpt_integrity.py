@@ -14,8 +14,9 @@ import torch
 
 from tests.integration.helpers import flip_a_tensor_bit
 from xfam.core.errors import ConfigError
-from xfam.training.lit import checkpoint
-from xfam.training.lit.checkpoint import DIGEST_KEY, AtomicCheckpointIO, DiskFullError, digest
+from xfam.model import checkpoint
+from xfam.model.checkpoint import DIGEST_KEY, DiskFullError, digest
+from xfam.training.lit.checkpoint import AtomicCheckpointIO
 from xfam.training.runner import check_room, newest_readable, write_record
 
 

@@ -20,7 +20,7 @@ from xfam.memory import MEMORY
 from xfam.model import compat
 from xfam.model.plan import plan_call
 from xfam.pos import POS
-from xfam.training.hydra_app import precheck
+from xfam.training.precheck import precheck
 
 V, G = 13, 3
 

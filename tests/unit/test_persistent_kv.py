@@ -19,7 +19,7 @@ from xfam.core.context import LayerContext
 from xfam.core.errors import ConfigError
 from xfam.core.mask import AttnMask
 from xfam.pos.alibi import AlibiBias
-from xfam.training.hydra_app import precheck
+from xfam.training.precheck import precheck
 
 V, B, H, DH, P = 13, 2, 4, 8, 3
 

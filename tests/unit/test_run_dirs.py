@@ -11,8 +11,8 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from xfam.core.errors import ConfigError
-from xfam.training.hydra_app import dirname
 from xfam.training.hydra_callbacks import summarize, write_tables
+from xfam.training.run_names import dirname
 from xfam.training.runner import holds_run, resolve_checkpoint, undo_on_failure
 
 

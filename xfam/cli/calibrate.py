@@ -1,25 +1,25 @@
 """``xfam calibrate``: choose an early-exit model's threshold on held-out data.
 
-``--method ltt`` (CALM, sec. 4): the per-example loss is the share of an example's predictions whose
+``method=ltt`` (CALM, sec. 4): the per-example loss is the share of an example's predictions whose
 top-1 differs from the full-depth model's; the candidates are tested from the most conservative down
 with Hoeffding-Bentkus p-values (fixed-sequence testing), and the smallest threshold reached is chosen:
-with probability >= 1 - epsilon its expected disagreement is <= delta. ``--method grid`` (Elbayad et
+with probability >= 1 - epsilon its expected disagreement is <= delta. ``method=grid`` (Elbayad et
 al.): the candidate with the lowest average depth whose loss stays within ``tolerance`` of full depth.
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import torch
 from rich.progress import track
 
-from xfam.cli.evaluate import split_loader
+from xfam.cli.grammar import Args
 from xfam.core.errors import ConfigError
 from xfam.eval.calibrate import grid_threshold, hoeffding_bentkus_pvalue, ltt_threshold
 from xfam.eval.inference import compares_full_depth, set_exit_options, threshold_sweep
-from xfam.training.lit.checkpoint import load_model
+from xfam.eval.loop import split_loader
+from xfam.model.checkpoint import load_model
 
 #: Default candidates, most conservative first (confidences near 1 exit least; saturation is a cosine).
 GRIDS = {
@@ -28,19 +28,15 @@ GRIDS = {
 }
 
 
-def candidates(policy: Any, given: str) -> list[float]:
-    """The thresholds to try: ``given`` (comma-separated) sorted most conservative first, or the default grid."""
+def candidates(policy: Any, given: list[float]) -> list[float]:
+    """The thresholds to try: ``given`` sorted most conservative first, or the default grid when empty."""
     if given:
-        try:
-            values = [float(v) for v in given.split(",")]
-        except ValueError:
-            raise ConfigError(f"thresholds={given!r}: expected comma-separated numbers, e.g. 0.9,0.8,0.7.") from None
-        return sorted(values, reverse=True)
+        return sorted(given, reverse=True)
     return GRIDS["saturation" if getattr(policy, "measure", None) == "saturation" else "default"]
 
 
 @torch.no_grad()
-def calibrate(args: argparse.Namespace) -> dict[str, Any]:
+def calibrate(args: Args) -> dict[str, Any]:
     model, meta = load_model(args.ckpt, args.device)
     if not compares_full_depth(model):
         raise ConfigError(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xfam.config import SLOTS
 from xfam.core.registry import Registry, defaults_of
 from xfam.data.base import DATA
 from xfam.model import compat
+
+if TYPE_CHECKING:
+    from xfam.cli.grammar import Args
 
 
 def capabilities(registry: Registry) -> list[str]:
@@ -90,3 +93,8 @@ def markdown_table() -> str:
         text = summary(cls).replace("``", "`").replace("|", "\\|")
         out.append(f"| {slot} | `{name}` | {text} | {params} | {_caps_short(cls, reg)} |")
     return "\n".join(out)
+
+
+def run(args: Args) -> None:
+    """``xfam list``: the listing, or the README's slot table (``markdown=true``)."""
+    print(markdown_table() if args.markdown else listing())

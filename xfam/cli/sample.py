@@ -3,22 +3,22 @@ interpolated distribution over a datastore, ``knnlm_store=DIR``)."""
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 import torch
 
+from xfam.cli.grammar import Args
 from xfam.core.errors import ConfigError
 from xfam.data.tokenize import tokenizer_from_state
 from xfam.eval.generate import generate
 from xfam.eval.inference import agreement, compares_full_depth, full_depth_logits, set_exit_options
-from xfam.training.lit.checkpoint import load_model
+from xfam.model.checkpoint import load_model
 
 if TYPE_CHECKING:
     from xfam.knnlm import KnnMixer
 
 
-def sample(args: argparse.Namespace) -> None:
+def sample(args: Args) -> None:
     model, meta = load_model(args.ckpt, args.device)
     set_exit_options(model, meta["config"], args.overrides)
     state = meta["data_info"].get("tokenizer")
@@ -72,7 +72,7 @@ def sample(args: argparse.Namespace) -> None:
             raise SystemExit(1)
 
 
-def knn_mixer(model: torch.nn.Module, meta: dict, args: argparse.Namespace) -> KnnMixer:
+def knn_mixer(model: torch.nn.Module, meta: dict, args: Args) -> KnnMixer:
     """kNN-LM over ``args.knnlm_store``, refused for another model's store (see ``xfam.knnlm``)."""
     from xfam.knnlm import Datastore, KnnMixer, check_supported, checkpoint_identity
 

@@ -236,7 +236,7 @@ def evaluate_checkpoint(
     past ``model.max_len``); other errors propagate.
     """
     from xfam.model.build import build_data
-    from xfam.training.lit.checkpoint import load_model
+    from xfam.model.checkpoint import load_model
 
     for protocol in protocols:  # a bad setting of the evaluation itself is an error, not a refusal
         windows(max(lengths), min(lengths), protocol, stride)  # type: ignore[arg-type]

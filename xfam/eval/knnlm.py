@@ -28,7 +28,7 @@ ROWS_BUDGET = 1 << 22
 
 def load_checked(ckpt: str | Path, device: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
     """The checkpoint's model (refused if kNN-LM does not apply to it), metadata and identity."""
-    from xfam.training.lit.checkpoint import load_model
+    from xfam.model.checkpoint import load_model
 
     model, meta = load_model(ckpt, device)
     check_supported(model)
@@ -46,7 +46,7 @@ def batches(
 ) -> Iterator[tuple[dict[str, Tensor], Tensor, Tensor]]:
     """``(batch, logits [B, S, V], keys [B, S, D])`` over the first ``limit`` batches of ``split``, with a
     progress bar; a model with memory carries it from batch to batch, as in its training."""
-    from xfam.cli.evaluate import split_outputs
+    from xfam.eval.loop import split_outputs
 
     with torch.no_grad(), KeyCapture(model) as capture:
         for batch, out in split_outputs(model, meta, split, batch_size, limit, device, "kNN-LM"):

@@ -24,13 +24,15 @@ memory of another document: the memory is reset at document boundaries, to the t
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from xfam.core.registry import Component, Registry
 from xfam.core.state import LayerView, MemoryState
+from xfam.core.store import StoreRequest
 
 
 class Memory(nn.Module, Component):
@@ -44,6 +46,10 @@ class Memory(nn.Module, Component):
         augments_attention: the memory takes part in its layer's attention (``augment``), rather
             than only prepending states.
         mixes_output: (per instance) the memory mixes into the final hidden state (``retrieve``/``mix``).
+        needs_store: the memory retrieves from a long-term store built outside the model (a kNN
+            datastore and its query encoder). It never opens one itself: ``store_request`` names the
+            store an instance needs, and the model builder opens it and passes it to the constructor
+            as ``long_term=`` (an ``xfam.core.store.LongTermStore``).
     """
 
     needs_streams: ClassVar[bool] = True
@@ -52,6 +58,14 @@ class Memory(nn.Module, Component):
     #: The final layer's memory mixes retrieved tokens into the head's input (SPALM): the model calls
     #: ``retrieve(tokens, key_padding, segments)`` once per forward and ``mix(h, retrieved, W)`` in the head.
     mixes_output: bool = False
+    needs_store: ClassVar[bool] = False
+
+    @classmethod
+    def store_request(cls, params: Mapping[str, Any], *, layer: int, num_layers: int) -> StoreRequest | None:
+        """``needs_store`` only: the long-term store the instance at ``layer`` (of ``num_layers``) is given as
+        ``long_term=``, or None when that instance needs none. ``params``: the layer's memory config.
+        Raises ``ConfigError`` when the config names no usable store."""
+        return None
 
     def init_state(self, batch_size: int, device: torch.device) -> MemoryState:
         return None

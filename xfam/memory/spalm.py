@@ -21,21 +21,24 @@ for a position's own entry up to the store's fp16 rounding, and for exact duplic
 are dropped (``exclude_identical``).
 
 Only the last layer's instance holds the long-term part (the paper's R is the final layer); the
-others are Transformer-XL memories. ``b_g`` is our addition (the paper's gate has no bias); with
-``b_g -> +inf`` the model is exactly the Transformer-XL model.
+others are Transformer-XL memories. The component never opens its store: it asks for one
+(``needs_store``, ``store_request``) and the model builder opens the datastore with its query encoder
+and passes it in as ``long_term`` (an ``xfam.core.store.LongTermStore``). ``b_g`` is our addition (the
+paper's gate has no bias); with ``b_g -> +inf`` the model is exactly the Transformer-XL model.
 Shapes: neighbours ``[B, S, k]`` token ids (and a validity mask), h ``[B, S, D]``, W ``[V, D]``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from xfam.core.errors import ConfigError
-from xfam.core.registry import Range
+from xfam.core.registry import Range, defaults_of
+from xfam.core.store import LongTermStore, StoreRequest
 from xfam.memory._base import MEMORY
 from xfam.memory.xl import XLMemory
 
@@ -48,6 +51,7 @@ class SPALMMemory(XLMemory):
     """Transformer-XL short-term memory plus a gated kNN long-term memory at the final layer"""
 
     paper = "Yogatama et al., TACL 2021, arXiv:2102.02557 (SPALM)"
+    needs_store = True
 
     def __init__(
         self,
@@ -55,6 +59,7 @@ class SPALMMemory(XLMemory):
         dim: int,
         layer: int,
         num_layers: int,
+        long_term: LongTermStore | None = None,
         store: str | None = None,
         k: Annotated[int, Range(ge=1)] = 4,
         index: Literal["exact", "faiss"] = "exact",
@@ -67,6 +72,8 @@ class SPALMMemory(XLMemory):
     ):
         """
         Args:
+            long_term: the last layer's long-term store (injected: the model builder opens ``store`` with
+                its query encoder, see ``store_request``).
             store: a datastore directory written by ``xfam knnlm build`` from a pretrained model
                 (that model encodes the queries; it is loaded from the path in the store's manifest).
             k: neighbours retrieved per token.
@@ -78,15 +85,31 @@ class SPALMMemory(XLMemory):
             mem_len, eval_mem_len, allow_absolute_pos: the short-term memory, as ``memory=xl``.
         """
         super().__init__(mem_len=mem_len, eval_mem_len=eval_mem_len, allow_absolute_pos=allow_absolute_pos)
-        self.long_term = layer == num_layers - 1
-        self.mixes_output = self.long_term
+        self.mixes_output = layer == num_layers - 1  # the long-term part
         self.k, self.exclude, self.tol = k, exclude_identical, exclude_tol
-        if self.long_term:
+        if self.mixes_output:
+            if long_term is None:
+                raise ConfigError(
+                    "memory=spalm's final layer needs its long-term store, which the model builder opens from "
+                    "memory.store=DIR. Fix: build the model with xfam.build_model."
+                )
             self.gate = nn.Linear(dim, 1)
-            self.gate.own_init = True  # keep b_g through the model's init
             nn.init.normal_(self.gate.weight, std=0.02)
             nn.init.constant_(self.gate.bias, gate_bias)
-            self._store, self._encoder = open_long_term(store, index)  # not submodules: frozen, never saved
+            self._store = long_term  # no submodule (nor is its encoder): frozen, never saved
+
+    def own_init_modules(self) -> list[nn.Module]:
+        return [self.gate] if self.mixes_output else []  # keep b_g through the model's init
+
+    @classmethod
+    def store_request(cls, params: Mapping[str, Any], *, layer: int, num_layers: int) -> StoreRequest | None:
+        """The final layer's instance needs the datastore of ``memory.store``; the others none."""
+        if layer != num_layers - 1:
+            return None
+        full = {**defaults_of(cls), **params}
+        if full["store"] is None:
+            raise ConfigError("memory=spalm needs memory.store=DIR (a datastore from `xfam knnlm build`).")
+        return StoreRequest(str(full["store"]), full["index"])
 
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
@@ -106,10 +129,8 @@ class SPALMMemory(XLMemory):
                 "(memory=none), run `xfam knnlm build ckpt=PATH split=train`, pass its directory."
             )
         else:
-            from xfam.knnlm.datastore import read_manifest
-
             try:
-                manifest = read_manifest(Path(params["store"]))
+                manifest = selection.store_manifest(params["store"])
             except ConfigError as e:
                 out.append(f"memory.store: {e}")
             else:
@@ -120,7 +141,7 @@ class SPALMMemory(XLMemory):
     # -- long-term memory -------------------------------------------------------------------------
     def check_vocab(self, vocab_size: int) -> None:
         """Refuse a store of another vocabulary (its values index the word embeddings)."""
-        store_vocab = self._store.manifest.get("vocab_size")
+        store_vocab = self._store.vocab_size
         if store_vocab != vocab_size:
             raise ConfigError(
                 f"memory.store {self._store.path} holds next tokens of a vocabulary of {store_vocab}, this model has "
@@ -130,12 +151,7 @@ class SPALMMemory(XLMemory):
     @torch.no_grad()
     def retrieve(self, tokens: Tensor, key_padding: Tensor | None, segments: Tensor | None) -> tuple[Tensor, Tensor]:
         """Neighbours of every position: token ids ``[B, S, k]`` and whether each is usable ``[B, S, k]``."""
-        from xfam.knnlm.keys import KeyCapture
-
-        encoder = self._encoder[0].to(tokens.device)
-        with KeyCapture(encoder) as capture:
-            encoder(tokens, key_padding=key_padding, segments=segments)
-            q = capture.take().flatten(0, 1).float()  # [B*S, De]
+        q = self._store.encode(tokens, key_padding, segments)  # [B*S, De]
         extra = SPARE if self.exclude else 0
         nb = self._store.search(q.cpu(), self.k + extra)  # dists ascending [B*S, k + extra] (the store is on CPU)
         ok = torch.ones_like(nb.dists, dtype=torch.bool)
@@ -156,31 +172,3 @@ class SPALMMemory(XLMemory):
         m = torch.einsum("bsk,bskd->bsd", w * any_ok, y)  # [B, S, D] (0 where nothing was retrieved)
         g = torch.sigmoid(self.gate(h))  # [B, S, 1]
         return (1 - g) * m + g * h
-
-
-def open_long_term(store: str | None, index: str) -> tuple[Any, list[nn.Module]]:
-    """The datastore and its frozen query encoder (the pretrained model the store was built from,
-    verified by its weights' hash); the encoder is wrapped in a list so it is no submodule."""
-    from xfam.knnlm.datastore import Datastore, checkpoint_identity, read_manifest
-    from xfam.knnlm.keys import check_supported
-    from xfam.training.lit.checkpoint import load_model
-
-    if store is None:
-        raise ConfigError("memory=spalm needs memory.store=DIR (a datastore from `xfam knnlm build`).")
-    manifest = read_manifest(Path(store))
-    ckpt = manifest["checkpoint"]["path"]
-    if not Path(ckpt).exists():
-        raise ConfigError(
-            f"memory.store {store} was built from {ckpt}, which no longer exists; SPALM encodes its queries with "
-            "that model. Fix: restore the checkpoint, or rebuild the datastore from another one."
-        )
-    encoder, meta = load_model(ckpt)
-    check_supported(encoder)
-    if encoder.uses_memory:
-        raise ConfigError(
-            f"SPALM's query encoder {ckpt} was trained with memory; it encodes each segment alone. "
-            "Fix: a datastore built from a model trained with memory=none."
-        )
-    encoder.requires_grad_(False)
-    opened = Datastore.open(store, index=index, checkpoint=checkpoint_identity(ckpt, encoder, meta["config"]))
-    return opened, [encoder]

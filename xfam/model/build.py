@@ -9,7 +9,13 @@ import xfam.exit
 import xfam.memory
 import xfam.pos  # noqa: F401  (registers every component)
 from xfam.core.errors import ConfigError
+from xfam.core.registry import RESERVED, STRUCTURAL, check_params
+from xfam.core.schedule import per_layer
+from xfam.core.store import LongTermStore, StoreRequest
 from xfam.data.base import DATA, DataSource
+from xfam.memory._base import MEMORY
+from xfam.model.checkpoint_file import read
+from xfam.model.long_term import open_long_term
 from xfam.model.spec import ModelSpec
 from xfam.model.transformer import XfamModel
 
@@ -47,7 +53,6 @@ def check_checkpoint_data(
     anything is written, so a refused resume changes nothing. ``meta``: the checkpoint's ``xfam`` metadata,
     when the caller has read it already."""
     from xfam.core.logs import log
-    from xfam.training.lit.checkpoint import read
 
     meta = read(ckpt)["xfam"] if meta is None else meta
     saved, now = model_io(meta["config"], meta["data_info"]), model_io(config, info)
@@ -76,11 +81,27 @@ def check_checkpoint_data(
     )
 
 
-def build_model(config: dict[str, Any], info: dict[str, Any]) -> XfamModel:
-    """The model described by ``config`` (sections model/attention/pos/memory/exit) for the data
-    described by ``info`` (see ``data_info``)."""
-    spec = ModelSpec(**config["model"])
-    vocab = model_io(config, info)["vocab_size"]
+def build_model(config: Any, info: dict[str, Any]) -> XfamModel:
+    """The model described by ``config`` for the data described by ``info`` (see ``data_info``).
+
+    ``config``: a plain config mapping (sections model/attention/pos/memory/exit), or the ``RunConfig``
+    that ``xfam.validate`` returns, whose spec and per-layer slot configs are used as validated. A run
+    configuration is recognised by its ``spec`` (a ``ModelSpec``): this layer sits below ``xfam.config``
+    and does not import it."""
+    if isinstance(getattr(config, "spec", None), ModelSpec):
+        spec = config.spec
+        # Each layer's config as its own item of a per_layer list (xfam.core.schedule's list form, one item
+        # per layer): the model builds every layer from exactly the config validation derived for it.
+        slots = {
+            "attention": {"per_layer": list(config.attention)},
+            "pos": config.pos,
+            "memory": {"per_layer": list(config.memory)},
+            "exit": config.exit,
+        }
+    else:
+        spec = ModelSpec(**config["model"])
+        slots = {slot: config[slot] for slot in ("attention", "pos", "memory", "exit")}
+    vocab = spec.vocab_size or info["vocab_size"]  # (model_io's rule)
     if vocab < info["vocab_size"]:
         raise ConfigError(
             f"model.vocab_size={vocab} is smaller than the data's vocabulary ({info['vocab_size']} token ids): "
@@ -92,11 +113,28 @@ def build_model(config: dict[str, Any], info: dict[str, Any]) -> XfamModel:
         task=info["task"],
         vocab_size=vocab,
         num_classes=info.get("num_classes"),
-        attention=config["attention"],
-        pos=config["pos"],
-        memory=config["memory"],
-        exit=config["exit"],
+        attention=slots["attention"],
+        pos=slots["pos"],
+        memory=slots["memory"],
+        exit=slots["exit"],
+        stores=open_stores(slots["memory"], spec.layers),
     )
+
+
+def open_stores(memory: dict[str, Any], layers: int) -> dict[int, LongTermStore]:
+    """The long-term stores the memory components ask for (``Memory.needs_store``), by layer, opened here
+    (components never open their own): a store asked for by several layers is opened once. A layer config
+    that does not validate is left to the memory's own build, which reports it."""
+    stores: dict[int, LongTermStore] = {}
+    opened: dict[StoreRequest, LongTermStore] = {}
+    for i, cfg in enumerate(per_layer(memory, layers, "memory")):
+        cls = MEMORY.get(cfg["name"]) if cfg.get("name") in MEMORY else None
+        params = {k: v for k, v in cfg.items() if k not in RESERVED}
+        if cls is None or not cls.needs_store or check_params(cls, params, "memory", dict.fromkeys(STRUCTURAL)):
+            continue
+        if (request := cls.store_request(params, layer=i, num_layers=layers)) is not None:
+            stores[i] = opened[request] = opened.get(request) or open_long_term(request, build_model)
+    return stores
 
 
 def build_data(config: dict[str, Any]) -> DataSource:

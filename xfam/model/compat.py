@@ -8,6 +8,7 @@ work with the rest of the selection unchanged.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from xfam.attention._base import ATTENTION, AttentionMechanism
@@ -48,6 +49,14 @@ class Selection:
         so a component lists other slots' choices without importing them)."""
         registry = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}[slot]
         return [n for n, cls in registry.items() if ok(cls)]
+
+    @staticmethod
+    def store_manifest(path: str) -> dict[str, Any]:
+        """The manifest of the datastore at ``path`` (``xfam knnlm build``), or ``ConfigError`` when it is none:
+        for a memory's refusals about the store it needs (``Memory.needs_store``), without importing xfam.knnlm."""
+        from xfam.knnlm.datastore import read_manifest
+
+        return read_manifest(Path(path))
 
 
 def _attention_vs_pos(att: type[AttentionMechanism], pos: type[PositionalEncoding], per_head: bool) -> str | None:

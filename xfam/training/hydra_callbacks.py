@@ -78,7 +78,7 @@ def _compose_unknown_keys(load: Any) -> Any:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import open_dict
 
-    from xfam.training.hydra_app import _override_key, _unknown_key, force_keys
+    from xfam.training.precheck import _override_key, _unknown_key, force_keys
 
     def load_sweep_config(master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         typed, forced = list(sweep_overrides), set()

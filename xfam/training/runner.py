@@ -21,13 +21,12 @@ import lightning as L
 import yaml
 from lightning.pytorch.utilities import rank_zero_only
 
-from xfam.config import resolve_streams, validate
-from xfam.config.specs import LoaderSpec
+from xfam.config import RunConfig, validate
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log
+from xfam.model import checkpoint
 from xfam.model.build import build_data, check_checkpoint_data, data_info
 from xfam.training.allocator import keep_freed_memory
-from xfam.training.lit import checkpoint
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -159,12 +158,12 @@ def architecture_error(ckpt: str | Path, diff: list[str]) -> ConfigError:
     )
 
 
-def describe(cfg: dict[str, Any], module: L.LightningModule, source: Any) -> str:
-    spec = cfg["model"]
+def describe(rc: RunConfig, module: L.LightningModule, source: Any) -> str:
+    spec, cfg = rc.spec, rc.raw
     n = sum(p.numel() for p in module.model.parameters())
-    slots = "  ".join(f"{s}={cfg[s]['name']}" for s in ("attention", "pos", "memory", "exit"))
+    slots = "  ".join(f"{s}={cfg[s]['name']}" for s in ("attention", "pos", "memory", "exit"))  # (as configured)
     return (
-        f"model {spec['name']}: {spec['layers']} layers x {spec['dim']} wide, {spec['heads']} heads, "
+        f"model {spec.name}: {spec.layers} layers x {spec.dim} wide, {spec.heads} heads, "
         f"{n / 1e6:.2f}M parameters, {'causal LM' if module.task == 'lm' else 'bidirectional classifier'}\n"
         f"  slots: {slots}\n"
         f"  data {cfg['data']['name']}: vocab {source.vocab_size}, seq_len {source.seq_len}, "
@@ -176,32 +175,33 @@ def train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None
     """Run the job described by ``cfg`` in ``run_dir``; returns the final metrics.
 
     ``callbacks`` are added to the Trainer's (for programmatic use and tests)."""
-    validate(cfg)
+    rc = validate(cfg)
     run_dir = Path(run_dir)
     with undo_on_failure(run_dir):
-        return _train(cfg, run_dir, callbacks)
+        return _train(rc, run_dir, callbacks)
 
 
-def _train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | None) -> dict[str, Any]:
+def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> dict[str, Any]:
+    """The run of a validated config: ``rc``'s typed fields drive it; its plain dict (``rc.raw``) is what the
+    checkpoints, the run record and the trainer's loggers get, and what the data section is read from."""
     from xfam.data.module import XfamDataModule
     from xfam.training.lit.module import XfamLitModule
     from xfam.training.lit.trainer import make_trainer
 
+    cfg = rc.raw
     log.info(keep_freed_memory())
-    ckpt = resolve_checkpoint(cfg.get("ckpt_path"), run_dir, cfg)
+    ckpt = resolve_checkpoint(rc.run.ckpt_path, run_dir, cfg)
     resumed_at, meta = check_resume(ckpt, cfg) if ckpt is not None else (0, None)
-    L.seed_everything(cfg["seed"], workers=True, verbose=False)
+    L.seed_everything(rc.run.seed, workers=True, verbose=False)
     source = build_data(cfg)
     source.prepare()
     info = data_info(source)
     if ckpt is not None:
         check_checkpoint_data(ckpt, cfg, info, meta)  # the checkpoint's model must fit this data
-    module = XfamLitModule(cfg, info)  # builds the model: vocabulary and size errors surface here
+    module = XfamLitModule(rc, info)  # builds the model: vocabulary and size errors surface here
     check_room(run_dir, module)
-    loader = LoaderSpec(**cfg["loader"])
-    streams, why = resolve_streams(cfg)
-    log.info(why)
-    datamodule = XfamDataModule(source, seed=cfg["seed"], streams=streams, num_workers=loader.num_workers)
+    log.info(rc.streams_why)
+    datamodule = XfamDataModule(source, seed=rc.run.seed, streams=rc.streams, num_workers=rc.loader.num_workers)
     trainer = make_trainer(cfg, run_dir, callbacks or [], resume_step=resumed_at)
     handler = write_record(run_dir, cfg, source)
     try:
@@ -210,7 +210,7 @@ def _train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | Non
             max_steps = cfg["trainer"].get("max_steps", -1)
             done = " (max_steps reached: nothing left to train, evaluating)" if 0 < max_steps <= resumed_at else ""
             log.info("resuming from %s at step %d%s", ckpt, resumed_at, done)
-        log.info(describe(cfg, module, source))
+        log.info(describe(rc, module, source))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         done = trainer.callback_metrics  # after ddp_spawn only these come back to this process
         result: dict[str, Any] = {
@@ -228,7 +228,7 @@ def _train(cfg: dict[str, Any], run_dir: Path, callbacks: list[L.Callback] | Non
         if "val/loss" not in result:  # e.g. resumed at max_steps: nothing trained, still report
             trainer.validate(module, datamodule=datamodule, verbose=False)
             result.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
-        if cfg.get("test", True):
+        if rc.run.test:
             trainer.test(module, datamodule=datamodule, verbose=False)
             result.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/")})
         finish(trainer, run_dir, result)

@@ -1,6 +1,8 @@
 """The Lightning module: losses and metrics, auxiliary losses, memory across batches, exact resume.
 
-It takes a plain resolved config (no Hydra objects), so a checkpoint loads anywhere. Metrics:
+It takes the ``RunConfig`` that ``xfam.config.validate`` returns (or a plain resolved config, as
+``load_from_checkpoint`` passes it); its plain dict, never a Hydra or xfam object, is what checkpoints and
+hyperparameters record, so a checkpoint loads anywhere. Metrics:
 
 * lm: loss (mean NLL per target token), perplexity, bits per byte = summed NLL / (ln 2 * bytes
   the targets stand for), next-token accuracy;
@@ -15,6 +17,7 @@ DataLoader iterator already exists.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -22,14 +25,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from xfam.config.run import RunConfig
 from xfam.config.specs import OptimSpec
 from xfam.core.logs import log_once, quiet_lightning
 from xfam.eval.carry import Carry, carried_inputs, next_carry
 from xfam.eval.inference import compares_full_depth, full_depth_stats, summarize_full_depth
 from xfam.eval.metrics import add_stats, batch_stats, summarize
 from xfam.model.build import build_model
+from xfam.model.checkpoint import metadata
 from xfam.model.transformer import ModelOutput
-from xfam.training.lit.checkpoint import metadata
 from xfam.training.lit.optim import make_optimizer
 
 quiet_lightning()  # also in ddp_spawn's worker processes, which import this module afresh
@@ -55,14 +59,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class XfamLitModule(L.LightningModule):
-    """Trains an ``XfamModel`` built from ``config`` for data described by ``data_info``."""
+    """Trains an ``XfamModel`` built from ``config`` (a ``RunConfig``, or a plain config dict) for data described
+    by ``data_info``. ``self.config``: the plain dict, for checkpoints; ``self.run_config``: the RunConfig, if given."""
 
-    def __init__(self, config: dict[str, Any], data_info: dict[str, Any]):
+    def __init__(self, config: RunConfig | dict[str, Any], data_info: dict[str, Any]):
         super().__init__()
+        self.run_config = None if isinstance(config, Mapping) else config
+        if self.run_config is not None:
+            # save_hyperparameters reads this frame's arguments as they are now: the plain dict goes into the
+            # checkpoint's hyper_parameters, exactly as when a dict is passed (a checkpoint holds no xfam object).
+            config = self.run_config.raw
         self.save_hyperparameters()
         self.config, self.data_info = config, data_info
         self.task = data_info["task"]
-        self.model = build_model(config, data_info)
+        self.model = build_model(config if self.run_config is None else self.run_config, data_info)
         self.uses_memory = self.model.uses_memory
         tb = data_info.get("token_bytes")
         self.register_buffer("token_bytes", torch.tensor(tb if tb else [], dtype=torch.float32), persistent=False)
@@ -167,7 +177,7 @@ class XfamLitModule(L.LightningModule):
 
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:
-        spec = OptimSpec(**self.config["optim"])
+        spec = self.run_config.optim if self.run_config is not None else OptimSpec(**self.config["optim"])
         full_precision = str(self.trainer.precision) in ("32-true", "64-true", "32", "64")
         if full_precision:
             log_once("optimizer: fused AdamW (full precision)")

@@ -1,0 +1,274 @@
+"""Every ``xfam`` subcommand, declared in the shared grammar (``xfam.cli.grammar``): its options with their
+types, defaults, help and checks, and the function that runs it. A new subcommand is one more ``Command``
+here (its implementation in a module of its own, imported only when it runs: ``xfam --help`` stays quick).
+"""
+
+from __future__ import annotations
+
+import os
+
+from xfam.cli import knnlm
+from xfam.cli.grammar import (
+    BOOL,
+    FLOAT,
+    INT,
+    PATH,
+    STR,
+    Args,
+    Choice,
+    Command,
+    Group,
+    ListOf,
+    Option,
+    Passthrough,
+    at_least,
+    finite,
+    must,
+)
+from xfam.core.errors import ConfigError
+
+SPLITS = Choice("train", "validation", "test")
+CKPT_EXAMPLE = "runs/<name>/<run>/checkpoints/last.ckpt"
+
+
+def checkpoint_file(option: Option, value: str) -> str | None:
+    """A checkpoint must be an existing file (checked before anything is loaded)."""
+    if os.path.isfile(value):
+        return None
+    what = "is a folder" if os.path.isdir(value) else "does not exist"
+    return f"{option.name}={value!r} {what}. Fix: pass the path of a .ckpt file, e.g. {option.name}={CKPT_EXAMPLE}."
+
+
+def device_name(option: Option, value: str) -> str | None:
+    """A torch device this machine has (cpu, cuda, cuda:1, mps)."""
+    import torch
+
+    try:
+        kind = torch.device(value).type
+    except (RuntimeError, ValueError):
+        return f"{option.name}={value!r} is not a device name. Fix: device=cpu, or device=cuda (cuda:1 ...)."
+    if kind == "cuda" and not torch.cuda.is_available():
+        return f"{option.name}={value!r}, and this machine has no CUDA GPU. Fix: device=cpu."
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return f"{option.name}={value!r}, and this machine has no MPS device. Fix: device=cpu."
+    return None
+
+
+POSITIVE = must("an integer >= 1", at_least(1))
+
+
+def ckpt(help: str = "checkpoint file (.ckpt)") -> Option:
+    return Option("ckpt", PATH, help=help, required=True, check=checkpoint_file, example=CKPT_EXAMPLE)
+
+
+def batch_size() -> Option:
+    return Option("batch_size", INT, None, "default: the run's data.batch_size", check=POSITIVE, example="8")
+
+
+def limit(help: str = "evaluate at most this many batches") -> Option:
+    return Option("limit", INT, None, help, check=POSITIVE, example="10")
+
+
+DEVICE = Option("device", STR, "cpu", "torch device: cpu, cuda, cuda:1, mps", check=device_name)
+EXIT = Passthrough(
+    "exit",
+    help="inference options of an early-exit policy, e.g. exit.threshold=0.8 exit.measure=saturation",
+    what="an early-exit model's inference option",
+    example="exit.threshold=0.8",
+)
+
+LIST = Command(
+    "list",
+    "components, their parameters and capabilities, compatibility",
+    (Option("markdown", BOOL, False, "print the README's slot table instead"),),
+    run="xfam.cli.listing:run",
+)
+
+EVAL = Command(
+    "eval",
+    "evaluate a checkpoint on a split of its data",
+    (
+        ckpt(),
+        Option("split", SPLITS, "test", "the split of the checkpoint's data"),
+        batch_size(),
+        limit(),
+        DEVICE,
+    ),
+    run="xfam.cli.evaluate:run",
+    passthrough=EXIT,
+)
+
+GENERATE = Command(
+    "generate",
+    "sample text from a language-model checkpoint",
+    (
+        ckpt(),
+        Option("prompt", STR, "", "text to continue", example="'def '"),
+        Option("max_new_tokens", INT, 200, "tokens to generate", check=POSITIVE),
+        Option("temperature", FLOAT, 0.8, "0 = greedy", check=must("a number >= 0 (0: greedy)", finite(at_least(0)))),
+        Option(
+            "top_k",
+            INT,
+            0,
+            "keep the k most likely tokens (0 = off)",
+            check=must("an integer >= 0 (0: off)", at_least(0)),
+        ),
+        Option(
+            "top_p",
+            FLOAT,
+            1.0,
+            "nucleus sampling mass (1 = off)",
+            check=must("a number in (0, 1] (1: off)", finite(lambda v: 0 < v <= 1)),
+            example="0.9",
+        ),
+        Option("num_samples", INT, 1, "samples drawn from the prompt", check=POSITIVE),
+        Option("seed", INT, 0, "random seed of the sampling"),
+        Option("check", BOOL, False, "also verify cached logits against a full recompute"),
+        Option("knnlm_store", PATH, None, "sample from kNN-LM over this datastore (xfam knnlm build)"),
+        Option(
+            "knnlm_lambda",
+            FLOAT,
+            0.25,
+            "kNN-LM: weight of p_kNN",
+            check=must("a number in [0, 1]", finite(lambda v: 0 <= v <= 1)),
+        ),
+        Option("knnlm_k", INT, 1024, "kNN-LM: neighbours retrieved per token", check=POSITIVE),
+        Option(
+            "knnlm_temperature",
+            FLOAT,
+            1.0,
+            "kNN-LM: p_kNN ∝ exp(-d / temperature)",
+            check=must("a number > 0", finite(lambda v: v > 0)),
+        ),
+        Option("knnlm_index", Choice(*knnlm.INDEXES), "exact", "kNN-LM: search index"),
+        DEVICE,
+    ),
+    run="xfam.cli.sample:sample",
+    passthrough=EXIT,
+)
+
+IN_01 = must("a number in (0, 1)", finite(lambda v: 0 < v < 1))
+CALIBRATE = Command(
+    "calibrate",
+    "pick an early-exit threshold on held-out data (LTT or grid search)",
+    (
+        ckpt("checkpoint file (.ckpt) of an exit=calm / depth_adaptive run"),
+        Option("split", SPLITS, "validation", "the held-out split"),
+        Option("method", Choice("ltt", "grid"), "ltt", "ltt: CALM's guarantee; grid: Elbayad"),
+        Option("delta", FLOAT, 0.1, "ltt: tolerated disagreement with the full model", check=IN_01),
+        Option("epsilon", FLOAT, 0.05, "ltt: allowed probability of exceeding delta", check=IN_01),
+        Option(
+            "tolerance",
+            FLOAT,
+            0.02,
+            "grid: tolerated loss increase over full depth",
+            check=must("a number >= 0", finite(at_least(0))),
+        ),
+        Option(
+            "thresholds",
+            ListOf(FLOAT),
+            [],
+            "candidates, e.g. 0.9,0.8,0.7 (default: a grid for the policy)",
+            example="0.9,0.8,0.7",
+        ),
+        batch_size(),
+        limit("use at most this many batches"),
+        DEVICE,
+    ),
+    run="xfam.cli.calibrate:calibrate",
+    passthrough=EXIT,
+)
+
+
+def knn_options(args: Args) -> list[str]:
+    """kNN-LM's own check of k, lambda and temperature, before the checkpoint and the datastore are read."""
+    from xfam.knnlm.interpolate import check_knn_options
+
+    try:
+        check_knn_options(args.k, vars(args)["lambda"], args.temperature)
+    except ConfigError as err:
+        return err.problems
+    return []
+
+
+KNNLM = Group(
+    "knnlm",
+    "kNN-LM: build a datastore from a checkpoint, evaluate the interpolation",
+    (
+        Command(
+            "build",
+            "keys and next tokens of a split of the checkpoint's data",
+            (
+                ckpt("checkpoint file (.ckpt) of a language model"),
+                Option("split", SPLITS, "train", "the text the datastore memorises"),
+                Option("out", PATH, None, "datastore directory (default: <run dir>/knnlm/<ckpt>_<split>)"),
+                limit("at most this many batches of the split"),
+                batch_size(),
+                Option("dtype", Choice("float16", "float32"), "float16", "key storage (the authors' code: fp16)"),
+                Option("overwrite", BOOL, False, "replace an existing datastore in out"),
+                DEVICE,
+            ),
+            run="xfam.cli.knnlm:run",
+        ),
+        Command(
+            "eval",
+            "the base model and kNN-LM on a split (loss, perplexity, bits per byte)",
+            (
+                ckpt("checkpoint file (.ckpt) the datastore was built from"),
+                Option(
+                    "store",
+                    PATH,
+                    help="datastore directory written by `xfam knnlm build`",
+                    required=True,
+                    example="runs/<name>/<run>/knnlm/last_train",
+                ),
+                Option("split", SPLITS, "test", "the store's own split: own entries excluded"),
+                Option("k", INT, 1024, "neighbours retrieved (paper: 1024)"),
+                Option("lambda", FLOAT, 0.25, "weight of p_kNN (paper, WikiText-103: 0.25)"),
+                Option("temperature", FLOAT, 1.0, "p_kNN ∝ exp(-d / temperature) (paper: 1)"),
+                Option("index", Choice(*knnlm.INDEXES), "exact", "exact: torch; faiss: IndexFlatL2"),
+                batch_size(),
+                limit(),
+                DEVICE,
+            ),
+            run="xfam.cli.knnlm:run",
+            checks=(knn_options,),
+        ),
+    ),
+    dest="step",
+    what="step",
+    description=(knnlm.__doc__ or "").replace("``", "`"),
+)
+
+DESCRIPTION = """\
+    xfam list [markdown=true]              every slot, component, parameter and capability
+    xfam eval ckpt=PATH [split=test]       metrics of a checkpoint on a split of its data
+    xfam generate ckpt=PATH prompt="def "  sampling with a KV cache
+    xfam calibrate ckpt=PATH delta=0.1     an early-exit threshold with a guarantee (Learn-then-Test)
+    xfam knnlm build ckpt=PATH             a kNN-LM datastore of a split (keys: the final FFN's input)
+    xfam knnlm eval ckpt=PATH store=DIR    the checkpoint with and without kNN-LM interpolation
+
+Options are key=value words, as train.py's overrides (--key=value and --key value work too; a bool
+option takes true/false, 1/0 or yes/no, and --key alone means true; key=null sets an option whose
+default is null to None). Early-exit models take exit.KEY=VALUE words in eval, generate and calibrate
+(e.g. exit.threshold=0.8 exit.measure=saturation): their inference options."""
+
+#: The ``xfam`` command: every subcommand.
+XFAM = Group(
+    "xfam",
+    "list components, evaluate and sample from checkpoints",
+    (LIST, EVAL, GENERATE, CALIBRATE, KNNLM),
+    description=DESCRIPTION,
+)
+
+
+def commands(root: Group = XFAM, prefix: str = "") -> dict[str, Command]:
+    """Every runnable command by its words after ``xfam`` (``"eval"``, ``"knnlm build"``)."""
+    out: dict[str, Command] = {}
+    for child in root.commands:
+        name = f"{prefix}{child.name}"
+        if isinstance(child, Group):
+            out |= commands(child, f"{name} ")
+        else:
+            out[name] = child
+    return out

@@ -1,0 +1,68 @@
+"""The metrics a run reports: ``final_metrics`` (what ``optimized_metric`` may name) and the check of
+``optimized_metric`` and ``callbacks.monitor`` against them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from xfam.core.errors import did_you_mean
+from xfam.model import compat
+
+#: Aux-loss metrics are ``{split}/{slot}/{name}`` with names of the components' own (``val/attention/span``).
+AUX_METRIC_SLOTS = ("attention", "memory", "exit")
+
+
+def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
+    """The metric names a run of ``cfg`` returns when it ends (``runner.train``; what ``optimized_metric``
+    may name): ``step``, ``train/tokens_per_s``, and for val (and test, with ``test=true``) the task's metrics
+    (``xfam.eval.metrics.summarize``): loss and acc; lm: ppl, and bpb for byte-backed text; an exit policy's depth
+    and compute_saved; an early-exit policy's full-depth metrics and agreement. Aux losses
+    (``val/attention/span`` ...) are named by the components and matched by prefix (``AUX_METRIC_SLOTS``)."""
+    from xfam.data.packing import PackedLM
+
+    names = ["loss", "acc"]
+    if sel.task == "lm":
+        names += ["ppl"] + (["bpb"] if data_cls is not None and issubclass(data_cls, PackedLM) else [])
+    exit_cls = sel.exit[0]
+    if exit_cls.registry_name != "none":
+        names += ["depth", "compute_saved"]
+    if exit_cls.early_exit:
+        full = ["loss", "acc"] + (["ppl", "bpb"] if "bpb" in names else ["ppl"] if sel.task == "lm" else [])
+        names += [f"full/{n}" for n in full] + ["agreement"]
+    splits = ["val", "test"] if cfg.get("test", True) else ["val"]
+    return ["step", "train/tokens_per_s"] + [f"{s}/{n}" for s in splits for n in names]
+
+
+def _metric_problems(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
+    """``optimized_metric`` (read when the run ends) and ``callbacks.monitor`` (read at each validation) must
+    name metrics this run produces: found wrong only after training, otherwise."""
+    out = []
+    final = final_metrics(cfg, data_cls, sel)
+    aux = lambda *splits: tuple(f"{s}/{slot}/" for s in splits for slot in AUX_METRIC_SLOTS)  # noqa: E731
+    metric = cfg.get("optimized_metric")
+    splits = ("val", "test") if cfg.get("test", True) else ("val",)
+    if isinstance(metric, str) and metric not in final and not metric.startswith(aux(*splits)):
+        hint = did_you_mean(metric, final)
+        out.append(
+            f"optimized_metric={metric!r} is not a metric this run reports when it ends (the sweeper would get "
+            f"nothing after the whole training).{hint} Valid: {', '.join(final)}, or an auxiliary loss "
+            f"val/<attention|memory|exit>/<name>. Fix: optimized_metric=val/loss (say)."
+        )
+    monitor, callbacks = cfg["callbacks"].get("monitor"), cfg["callbacks"]
+    logged = [m for m in final if m.startswith("val/")] + ["train/loss", "global_step"]
+    if "val/depth" in final:
+        logged.append("train/depth")
+    if (
+        callbacks.get("save_best")
+        and isinstance(monitor, str)
+        and monitor not in logged
+        and not monitor.startswith(aux("val", "train"))
+    ):
+        hint = did_you_mean(monitor, logged)
+        out.append(
+            f"callbacks.monitor={monitor!r} is not a metric logged at validation (best.ckpt keeps the lowest "
+            f"one; Lightning stops at the first validation without it).{hint} Valid: {', '.join(logged)}. "
+            f"Fix: callbacks.monitor=val/loss, or callbacks.save_best=false."
+        )
+    return out

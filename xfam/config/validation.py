@@ -1,0 +1,209 @@
+"""``validate``: every problem of a whole composed configuration, before any tensor is allocated or file written.
+
+It collects every problem in every section (unknown names and keys, wrong types, impossible values,
+incompatible slot combinations) and raises one ``ConfigError`` listing them all, each with the fix; a
+valid config comes back as a ``RunConfig`` (``xfam.config.run``): what validation derived, typed, for
+the stages after it. It reads signatures and class attributes only: no data, no model.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import xfam.data  # noqa: F401  (registers every data source)
+from xfam.config.metrics import _metric_problems
+from xfam.config.run import RunConfig
+from xfam.config.slots import _slot_problems, streams_of
+from xfam.config.specs import CallbacksSpec, LoaderSpec, LoggerSpec, OptimSpec, RunSpec
+from xfam.config.trainer import check_trainer
+from xfam.core.errors import ConfigError, unknown_choice
+from xfam.core.registry import check_params
+from xfam.core.schedule import per_layer
+from xfam.data.base import DATA
+from xfam.model import compat
+from xfam.model.spec import ModelSpec
+
+SECTIONS = ("model", "attention", "pos", "memory", "exit", "data", "loader", "optim", "trainer", "logger", "callbacks")
+
+_ABSENT = object()
+
+
+def _missing_section(section: str, value: Any) -> str:
+    """A config section that is absent (``~model``) or not a mapping (``model=null``, ``+model=3``)."""
+    groups = {
+        "model": "model=tiny",
+        "attention": "attention=vanilla",
+        "pos": "pos=rope",
+        "memory": "memory=none",
+        "exit": "exit=none",
+        "data": "data=text",
+        "optim": "optim=adamw",
+        "trainer": "trainer=cpu",
+        "logger": "logger=csv",
+        "callbacks": "callbacks=default",
+    }
+    what = "is missing (deleted, e.g. by ~" + section + ")" if value is _ABSENT else f"is {value!r}, not a section"
+    if section in groups:
+        fix = f"select one with {groups[section]} (`python train.py --help` lists the options)"
+    else:  # (loader: a section of configs/train.yaml itself)
+        fix = f"remove the override that deleted or replaced it ({section} is a section of configs/train.yaml)"
+    return f"config section {section!r} {what}: every run needs it. Fix: {fix}."
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as it is written on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_yaml(v) for v in value) + "]"
+    return str(value)
+
+
+def _missing_keys(cls: type, params: Mapping[str, Any], section: str) -> list[str]:
+    """Keys of a fixed section (its dataclass's fields) that the config lacks: xfam reads every one, and the
+    YAML carries them all, so a missing one was deleted (``~model.dim``)."""
+    out = []
+    for field in dataclasses.fields(cls):
+        if field.name in params:
+            continue
+        key = f"{section}.{field.name}" if section else field.name
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        out.append(
+            f"{key}: missing (deleted, e.g. by ~{key}); xfam reads every key of "
+            f"{'the ' + section + ' section' if section else 'the top level of the config'}. "
+            f"Fix: remove the ~{key} override, or set {key}={_yaml(default)} (its default)."
+        )
+    return out
+
+
+def _name_problems(name: Any) -> list[str]:
+    """``name`` is one folder under the runs folder: ``runs/<name>/<overrides>``."""
+    if not isinstance(name, str):
+        return []  # (check_params: must be a string)
+    fix = "Fix: name=<one folder name, without '/' or '..'>, e.g. name=baseline."
+    if not name.strip():
+        return [f"name={name!r} is empty: the run directory is runs/<name>/<overrides>. {fix}"]
+    if "/" in name or "\\" in name or ".." in name:
+        return [
+            f"name={name!r} contains {'/' if '/' in name else '..' if '..' in name else chr(92)!r}: the run "
+            f"directory is runs/<name>/<overrides>, so this name would write outside the runs folder (or into a "
+            f"folder of another run group). {fix}"
+        ]
+    if name != name.strip() or any(ord(c) < 32 for c in name):
+        return [f"name={name!r} starts or ends with white space or holds control characters. {fix}"]
+    return []
+
+
+def _causal_problems(spec: ModelSpec, task: str, data: Any) -> list[str]:
+    """``model.causal`` against the task: a language model must not see the token it predicts, and a causal
+    classifier that pools the first token sees only that token."""
+    if task == "lm" and spec.causal is False:
+        classify = ", ".join(f"data={n}" for n, c in DATA.items() if c.task == "classify")
+        return [
+            f"model.causal=false with data={data}, a language-modelling task: each position is trained to predict "
+            f"the next token, and with bidirectional attention it sees that token (the loss falls by copying its "
+            f"targets; a masked-LM objective would be a separate task). Fix: model.causal=null (causal for "
+            f"language modelling) or model.causal=true, or a classification dataset ({classify}) for a "
+            f"bidirectional model."
+        ]
+    if task == "classify" and spec.causal is True and spec.pool == "cls":
+        return [
+            f"model.causal=true with model.pool=cls on data={data}: under causal attention the first token sees "
+            f"only itself, so the pooled vector the classifier reads carries nothing of the rest of the input. "
+            f"Fix: model.pool=mean (the mean of every position, each of which sees its prefix), or "
+            f"model.causal=null (bidirectional for classification)."
+        ]
+    return []
+
+
+def validate(cfg: Mapping[str, Any]) -> RunConfig:
+    """Raise one ``ConfigError`` with every problem in ``cfg`` (a plain, resolved config dict); a valid one
+    comes back as its ``RunConfig`` (built from a copy of ``cfg``: later changes to ``cfg`` do not reach it)."""
+    cfg = copy.deepcopy(dict(cfg))
+    problems: list[str] = []
+    if missing := [s for s in SECTIONS if not isinstance(cfg.get(s), Mapping)]:
+        raise ConfigError([_missing_section(s, cfg.get(s, _ABSENT)) for s in missing])
+    top = {k: v for k, v in cfg.items() if k not in SECTIONS}
+    problems += check_params(RunSpec, top, "config", structural=()) + _missing_keys(RunSpec, top, "")
+    problems += _name_problems(top.get("name"))
+    for section, cls in (("loader", LoaderSpec), ("optim", OptimSpec), ("logger", LoggerSpec)):
+        problems += check_params(cls, cfg[section], section, structural=()) + _missing_keys(cls, cfg[section], section)
+    problems += check_params(CallbacksSpec, cfg["callbacks"], "callbacks", structural=())
+    problems += _missing_keys(CallbacksSpec, cfg["callbacks"], "callbacks")
+    if (sig := cfg["callbacks"].get("requeue_signal")) is not None and sig == cfg["callbacks"].get("stop_signal"):
+        problems.append(
+            f"callbacks.requeue_signal and callbacks.stop_signal are both {sig}. "
+            f"Fix: give them different signals, or set one to null."
+        )
+    problems += check_trainer(cfg["trainer"])
+    if (ckpt := cfg.get("ckpt_path")) not in (None, "auto") and not os.path.isfile(ckpt):
+        problems.append(f"ckpt_path={ckpt!r}: no such file. Fix: give an existing checkpoint, or ckpt_path=auto.")
+    if cfg["data"].get("name") not in DATA:
+        problems.append(unknown_choice("data", cfg["data"].get("name"), DATA.names(), "pass data=<one of them>."))
+        data_cls = None
+    else:
+        problems += DATA.check(cfg["data"], {})
+        data_cls = DATA.get(cfg["data"]["name"])
+    model_problems = check_params(ModelSpec, cfg["model"], "model", structural=())
+    model_problems += _missing_keys(ModelSpec, cfg["model"], "model")
+    problems += model_problems
+    if model_problems:
+        raise ConfigError(problems)
+    spec = ModelSpec(**cfg["model"])
+    problems += spec.problems()
+    if spec.problems():
+        raise ConfigError(problems)
+    task = data_cls.task if data_cls else "lm"
+    causal = spec.causal if spec.causal is not None else task == "lm"
+    problems += _causal_problems(spec, task, cfg["data"].get("name"))
+    slot_problems, sel = _slot_problems(cfg, spec, causal, task)
+    problems += slot_problems
+    if sel is not None:
+        problems += compat.check(sel)
+        problems += _metric_problems(cfg, data_cls, sel)
+        seq_len = cfg["data"].get("seq_len")
+        if sel.pos[0].bounded and isinstance(seq_len, int) and seq_len > spec.max_len:
+            problems.append(
+                f"data.seq_len={seq_len} is longer than the learned position table (model.max_len={spec.max_len}). "
+                f"Fix: model.max_len={seq_len} or more, a shorter data.seq_len, or a pos that extrapolates "
+                f"(pos=rope, pos=alibi)."
+            )
+        if (n := spec.num_memory_tokens) and isinstance(seq_len, int) and seq_len + n > spec.max_len:
+            problems.append(
+                f"data.seq_len={seq_len} plus model.num_memory_tokens={n} makes {seq_len + n} tokens per row, more "
+                f"than model.max_len={spec.max_len} (memory tokens take no absolute position, but attention slots). "
+                f"Fix: model.max_len={seq_len + n} or more, a shorter data.seq_len, or fewer memory tokens."
+            )
+        if sel.streams and data_cls is not None and not data_cls.contiguous:
+            why = streams_of(cfg["loader"], sel.memory)[1]
+            problems.append(
+                f"{why}: contiguous streams need a contiguous source (consecutive rows of one token stream); "
+                f"data={cfg['data']['name']} is not. Fix: data=text or data=hf"
+                + (", or memory=none." if sel.has_memory else ", or loader.streams=false.")
+            )
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+    assert sel is not None  # (a slot problem otherwise)
+    streams, why = streams_of(cfg["loader"], sel.memory)
+    return RunConfig(
+        raw=cfg,
+        spec=spec,
+        attention=tuple(per_layer(cfg["attention"], spec.layers, "attention")),
+        memory=tuple(per_layer(cfg["memory"], spec.layers, "memory")),
+        pos=dict(cfg["pos"]),
+        exit=dict(cfg["exit"]),
+        selection=sel,
+        streams=streams,
+        streams_why=why,
+        run=RunSpec(**top),
+        loader=LoaderSpec(**cfg["loader"]),
+        optim=OptimSpec(**cfg["optim"]),
+        logger=LoggerSpec(**cfg["logger"]),
+        callbacks=CallbacksSpec(**cfg["callbacks"]),
+    )
