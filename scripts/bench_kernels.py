@@ -23,6 +23,9 @@ Triton output against SDPA's (max abs error in the table). Results are written a
 run cut off by its time budget still reports): JSON lines next to the table, and the markdown between the
 ``bench_kernels`` markers of ``--out`` (docs/benchmarks.md). Targets (issue 7, H200): plain causal
 forward+backward >= 0.9x SDPA; biased, windowed and sparse >= 1.1x FlexAttention.
+
+One file over 400 lines: the GPU session runs it as one script (grid, budget, resume, report), which the
+device check copies as is.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ both ~log2(vocab).
 
 Writes docs/memory_benchmarks.md and docs/memory_benchmarks.png after every point, so a cut-off run
 leaves a partial table.
+
+One file over 400 lines: the protocol, both evaluation paths and the report are read together, and the worker
+re-runs this file.
 """
 
 from __future__ import annotations

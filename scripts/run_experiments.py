@@ -26,6 +26,9 @@ xfam/eval/extrapolation.py), cached in ``<run>/extrapolation.json``; a length th
 positions past ``model.max_len``) is recorded as refused with the model's message. Tables go
 between ``<!-- experiments:<name>:start/end -->`` markers of the results file (the prose around
 them is kept), raw results to ``<out>/<experiment>/results.json``, plots next to the results file.
+
+One file over 400 lines: the three experiments share their training loop, tables and plots, and the docs cite
+this one command.
 """
 
 from __future__ import annotations

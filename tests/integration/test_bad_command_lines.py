@@ -6,6 +6,8 @@ the pre-launch check, then Hydra) with ``sys.argv`` set, and every ``xfam ...`` 
 print exactly one ``xfam: error:`` naming the problem (the case's texts) and the fix, show no traceback,
 and leave the runs folder (``XFAM_RUNS``) untouched. Cases cover every config group, the xfam commands
 and Hydra's override grammar; ``test_fuzz_config`` generates its cases from the registries instead.
+
+One file over 400 lines: it is one table of cases, read as a whole.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Each mechanism is checked against its paper's definitions written out independen
 hand, sort order, chunk and cluster membership, balanced clusters, a doubly stochastic Sinkhorn
 matrix), against its degenerate limit, for causal leaks through sorting and clustering, for
 decoding = full recomputation, and for its approximation or training-state claims.
+
+One file over 400 lines: the three content-based mechanisms share their fixtures and limits.
 """
 
 from __future__ import annotations

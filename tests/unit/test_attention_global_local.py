@@ -5,6 +5,8 @@ the dense reference on every mask form under an ALiBi bias; the degenerate limit
 attention; causal variants for leaks and for decoding = full recompute; global tokens for two-hop
 reachability; BigBird's random blocks for being fixed (across forwards and a save/load), different
 across layers and causal; ETC's auxiliary global tokens through a model.
+
+One file over 400 lines: the three mechanisms share their brute-force rules and fixtures.
 """
 
 from __future__ import annotations

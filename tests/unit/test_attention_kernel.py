@@ -5,6 +5,8 @@ feature estimator of the softmax kernel is unbiased, its mean squared error fall
 orthogonal features are no worse than i.i.d. ones. The engine: chunking never changes the result,
 no future key leaks through the prefix sums (stabiliser included), running-sum decoding equals the
 full recompute, and a decaying bias (ALiBi) equals the explicitly decayed weights.
+
+One file over 400 lines: Performer and RFA share the engine these tests pin down.
 """
 
 from __future__ import annotations
