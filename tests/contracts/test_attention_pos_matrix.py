@@ -110,14 +110,14 @@ def test_pair_builds_and_trains_or_is_refused_with_reason(attention, pos, task):
     params, pos_params = cfg["attention"], cfg["pos"]
     own = [m for m in problems if m not in explained]
     if own:
-        sel = selection_of(cfg, causal)
+        sel = selection_of(cfg, causal, task)
         documented = set(att_cls.refusals(params, sel)) | set(POS.get(pos).refusals(pos_params, sel))
         assert set(own) <= documented, f"unexplained refusals: {sorted(set(own) - documented)}"
 
 
-def selection_of(cfg: dict, causal: bool) -> compat.Selection:
+def selection_of(cfg: dict, causal: bool, task: str) -> compat.Selection:
     """The selection ``validate`` hands to ``compat.check`` for this configuration."""
-    problems, sel = _slot_problems(cfg, ModelSpec(**cfg["model"]), causal)
+    problems, sel = _slot_problems(cfg, ModelSpec(**cfg["model"]), causal, task)
     assert not problems and sel is not None, problems
     return sel
 
