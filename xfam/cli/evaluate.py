@@ -7,12 +7,12 @@ and ``{split}/agreement``; ``exit.KEY=VALUE`` words change the policy's inferenc
 from __future__ import annotations
 
 from xfam.cli.grammar import Args
-from xfam.eval.loop import evaluate_checkpoint
+from xfam.eval.loop import evaluate_split
 
 
 def run(args: Args) -> dict[str, float]:
     """Evaluate ``args.ckpt`` on ``args.split`` and print ``<ckpt> on <split> (...)`` and one line per metric."""
-    result = evaluate_checkpoint(args.ckpt, args.split, args.batch_size, args.limit, args.device, args.overrides)
+    result = evaluate_split(args.ckpt, args.split, args.batch_size, args.limit, args.device, args.overrides)
     where = f" with {' '.join(args.overrides)}" if args.overrides else ""
     print(f"{args.ckpt} on {args.split} ({result.batches} batches of {result.batch_size}){where}:")
     for k, v in result.metrics.items():

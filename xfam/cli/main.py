@@ -1,11 +1,5 @@
-"""The ``xfam`` command: list components, evaluate and sample from checkpoints.
-
-    xfam list [markdown=true]              every slot, component, parameter and capability
-    xfam eval ckpt=PATH [split=test]       metrics of a checkpoint on a split of its data
-    xfam generate ckpt=PATH prompt="def "  sampling with a KV cache
-    xfam calibrate ckpt=PATH delta=0.1     an early-exit threshold with a guarantee (Learn-then-Test)
-    xfam knnlm build ckpt=PATH             a kNN-LM datastore of a split (keys: the final FFN's input)
-    xfam knnlm eval ckpt=PATH store=DIR    the checkpoint with and without kNN-LM interpolation
+"""The ``xfam`` command: list components, evaluate and sample from checkpoints (``xfam --help`` lists the
+subcommands: ``xfam.cli.commands.DESCRIPTION``).
 
 Every subcommand is declared in ``xfam.cli.commands`` and read by one grammar (``xfam.cli.grammar``):
 ``key=value`` words (or ``--key value``), ``exit.KEY=VALUE`` for an early-exit model's inference options,

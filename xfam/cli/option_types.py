@@ -51,24 +51,17 @@ class _Path(Type):
     label, expects, sample = "path", "a path", "PATH"
 
 
-class _Int(Type):
-    label, expects, sample = "int", "an integer", "1"
+class _Number(Type):
+    """An ``int`` or a ``float`` (``cast``), named by the cast in messages."""
 
-    def parse(self, key: str, text: str) -> int:
+    def __init__(self, cast: type, expects: str, sample: str):
+        self.cast, self.label, self.expects, self.sample = cast, cast.__name__, expects, sample
+
+    def parse(self, key: str, text: str) -> Any:
         try:
-            return int(text)
+            return self.cast(text)
         except ValueError:
-            raise Invalid(f"{key}: invalid int value: {text!r}") from None
-
-
-class _Float(Type):
-    label, expects, sample = "float", "a number", "0.5"
-
-    def parse(self, key: str, text: str) -> float:
-        try:
-            return float(text)
-        except ValueError:
-            raise Invalid(f"{key}: invalid float value: {text!r}") from None
+            raise Invalid(f"{key}: invalid {self.label} value: {text!r}") from None
 
 
 class _Bool(Type):
@@ -118,4 +111,10 @@ class ListOf(Type):
             raise Invalid(f"{key}={text!r}: expected {self.expects}") from None
 
 
-STR, PATH, INT, FLOAT, BOOL = _Str(), _Path(), _Int(), _Float(), _Bool()
+STR, PATH, INT, FLOAT, BOOL = (
+    _Str(),
+    _Path(),
+    _Number(int, "an integer", "1"),
+    _Number(float, "a number", "0.5"),
+    _Bool(),
+)

@@ -90,7 +90,7 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate_checkpoint(
+def evaluate_split(
     ckpt: str,
     split: str,
     batch_size: int | None = None,
@@ -126,5 +126,5 @@ def evaluate(
     device: str = "cpu",
     overrides: list[str] | None = None,
 ) -> dict[str, float]:
-    """The metrics of :func:`evaluate_checkpoint` (``{split}/loss``, ``{split}/bpb`` ...)."""
-    return evaluate_checkpoint(ckpt, split, batch_size, limit, device, overrides).metrics
+    """The metrics of :func:`evaluate_split` (``{split}/loss``, ``{split}/bpb`` ...)."""
+    return evaluate_split(ckpt, split, batch_size, limit, device, overrides).metrics
