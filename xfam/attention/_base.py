@@ -39,6 +39,10 @@ class AttentionMechanism(nn.Module, Component):
         fixed_length: needs every sequence to have exactly ``max_len`` tokens.
         aux_loss: returns auxiliary losses (``aux_losses``), which need a normal autograd graph.
         backends: the implementations behind ``backend`` (``auto`` picks, and logs once).
+        cross_attention: can serve as an encoder-decoder's cross-attention: queries over keys of
+            another sequence (``AttnMask.cross``: Sq and Sk independent, key padding only). A mechanism
+            whose pattern is defined by positions shared between queries and keys (a causal window, blocks
+            of one sequence, buckets of shared query-keys) cannot.
 
     ``aux_tokens`` (set by a constructor): how many learned global tokens the model must prepend to every
     input for this mechanism (ETC's ``global_tokens``; 0 for all others). A mechanism that asks for them
@@ -55,6 +59,7 @@ class AttentionMechanism(nn.Module, Component):
     fixed_length: ClassVar[bool] = False
     aux_loss: ClassVar[bool] = False
     backends: ClassVar[tuple[str, ...]] = ("torch",)
+    cross_attention: ClassVar[bool] = False
     aux_tokens: int = 0
 
     def new_step(self) -> None:

@@ -36,6 +36,8 @@ def blocker(
         return f"a score modifier ({type(modifier).__name__}) needs explicit scores"
     if mask.persistent:
         return "persistent keys (model.num_mem_kv) are not in the kernel"
+    if mask.cross:
+        return "cross-attention (the kernel places queries among the keys)"
     if bias is not None and bias.kernel_params() is None:
         return f"the score bias {type(bias).__name__} has no in-kernel form"
     if q.dtype not in DTYPES or q.shape[-1] > 256:

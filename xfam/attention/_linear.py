@@ -60,6 +60,7 @@ class KernelAttention(AttentionMechanism):
     hosts_modifiers = False
     accepts_bias = True  # only a distance decay lambda_h^|i-j| on the chunked path (see ``refusals``)
     shared_keys = False  # its prefix sums restart at every change of document id (``doc_index``)
+    cross_attention = True  # bidirectional sums over the keys: any key length (RFA without its causal gate)
     backends: ClassVar[tuple[str, ...]] = ("chunked", "quadratic", "triton")
 
     def __init__(self, *, rows: int, head_dim: int, features: str, redraw_every: int | None, chunk: int, backend: str):
@@ -141,10 +142,10 @@ class KernelAttention(AttentionMechanism):
             logits = self.exact_logits(q, expand_kv(k, heads))
             ls, ld = self._gate(k, heads)
             v = expand_kv(v, heads)
-            return finish(*quadratic(None, None, v, ls, ld, mask, bias, logits), v[:, :, mask.offset :])
+            return finish(*quadratic(None, None, v, ls, ld, mask, bias, logits), mask.own_keys(v))
         fq, fk, ls, ld = self._features(q, k)
         v = expand_kv(v, heads)
-        v_self = v[:, :, mask.offset :]
+        v_self = mask.own_keys(v)  # [B, H, Sq, Dh]
         if self._path(mask, bias) == "quadratic":
             return finish(*quadratic(fq, fk, v, ls, ld, mask, bias), v_self)
         keep, doc = mask.key_padding, doc_index(mask, q.device)

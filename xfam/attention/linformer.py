@@ -106,6 +106,7 @@ class Linformer(AttentionMechanism):
     accepts_bias = False
     accepts_memory = False
     shared_keys = False  # its projected path projects each document's run of keys apart
+    cross_attention = True  # E, F project up to max_len keys of any sequence
     backends = ("projected", "reference")
 
     def __init__(

@@ -75,6 +75,7 @@ class Vanilla(AttentionMechanism):
 
     hosts_modifiers = True
     accepts_persistent_kv = True
+    cross_attention = True
     backends = ("sdpa", "torch", "triton")
 
     def __init__(

@@ -13,6 +13,10 @@ keys that have no position and that every query sees. They stand outside the coo
 ``offset``, ``positions``, ``visible``, ``key_padding`` and ``segments`` describe the other keys only,
 and ``dense`` marks the P leading columns visible.
 
+Cross-attention (``cross``): the queries are not among the keys (a decoder's queries over its
+encoder's outputs). Sq and Sk are then independent, every query sees every real key, and only
+``key_padding`` applies: no causality, window, documents or persistent keys.
+
 Documents: a key whose document id is ``SHARED`` is seen by the queries of every document, and a
 query with that id sees only such keys (memory tokens in packed rows: they never see a document, so
 they carry nothing from one document to another); ``same_document`` is the rule.
@@ -51,6 +55,7 @@ class AttnMask:
             bidirectional radius); None for unlimited.
         persistent: P leading keys without position, visible to every query; ``key_padding``,
             ``segments``, ``offset`` and ``positions`` cover the other Sk - P keys.
+        cross: the queries are not among the keys (cross-attention): only ``key_padding`` applies.
     """
 
     q_len: int
@@ -60,16 +65,28 @@ class AttnMask:
     segments: Tensor | None = None
     window: int | None = None
     persistent: int = 0
+    cross: bool = False
     _memo: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if self.cross:
+            if self.causal or self.window is not None or self.segments is not None or self.persistent:
+                raise ValueError("a cross-attention mask takes key padding only (no causal, window, segments)")
+            return
         if self.k_len < self.q_len + self.persistent:
             raise ValueError(f"k_len ({self.k_len}) must be >= q_len ({self.q_len}) + persistent ({self.persistent})")
 
     @property
     def offset(self) -> int:
-        """Key index of the first query (length of memory or cache in front of it)."""
-        return self.k_len - self.persistent - self.q_len
+        """Key index of the first query (length of memory or cache in front of it); 0 under ``cross``."""
+        return 0 if self.cross else self.k_len - self.persistent - self.q_len
+
+    def own_keys(self, x: Tensor) -> Tensor:
+        """``[..., Sk, F] -> [..., Sq, F]``: the rows a query falls back to when it may see no key (the rule of
+        ``dense``): its own key, or under ``cross`` the first key."""
+        if self.cross:
+            return x[..., :1, :].expand(*x.shape[:-2], self.q_len, x.shape[-1])
+        return x[..., self.k_len - self.persistent - self.q_len :, :]
 
     @property
     def is_plain_causal(self) -> bool:
@@ -121,7 +138,7 @@ class AttnMask:
                 ok = ok & same_document(seg[:, None, self.offset :, None], seg[:, None, None, :])  # [B, 1, Sq, Sk - P]
             # A query that may see nothing (a left pad under a causal mask) attends to itself, so
             # softmax stays finite; its output is padding and never reaches a real token.
-            diag = q_idx + self.offset == k_idx
+            diag = (k_idx == 0) if self.cross else (q_idx + self.offset == k_idx)
             ok = ok | (diag & ~ok.any(-1, keepdim=True))
             if self.persistent:  # persistent keys: visible to every query
                 ok = F.pad(ok, (self.persistent, 0), value=True)  # [B|1, 1, Sq, Sk]

@@ -1,4 +1,5 @@
-"""One Transformer block: self-attention (projections, heads, rotary, memory) and the FFN."""
+"""One Transformer block: self-attention (projections, heads, rotary, memory), in a decoder of an
+encoder-decoder cross-attention to the encoder's output (``xfam.model.cross``), and the FFN."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import Tensor, nn
 from xfam.attention._base import AttentionMechanism
 from xfam.core.context import LayerContext
 from xfam.core.state import DecodeState, LayerView, expand_kv
+from xfam.model.cross import CrossAttention, CrossSource
 from xfam.model.layers import FeedForward, make_norm
 from xfam.model.spec import ModelSpec
 
@@ -129,13 +131,18 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm ``x + f(norm(x))`` or post-norm ``norm(x + f(x))`` attention and FFN sublayers."""
+    """Pre-norm ``x + f(norm(x))`` or post-norm ``norm(x + f(x))`` sublayers: self-attention, then (given a
+    ``cross`` mechanism: a decoder of an encoder-decoder) cross-attention, then the FFN."""
 
-    def __init__(self, spec: ModelSpec, mechanism: AttentionMechanism, layer: int):
+    def __init__(
+        self, spec: ModelSpec, mechanism: AttentionMechanism, layer: int, cross: AttentionMechanism | None = None
+    ):
         super().__init__()
         self.pre = spec.norm_position == "pre"
         self.norm1, self.norm2 = make_norm(spec), make_norm(spec)
         self.attn = SelfAttention(spec, mechanism, layer)
+        self.cross = CrossAttention(spec, cross, layer) if cross is not None else None
+        self.norm_cross = make_norm(spec) if cross is not None else None
         self.ffn = FeedForward(spec)
         self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
 
@@ -146,22 +153,28 @@ class Block(nn.Module):
         mem: Tensor | None = None,
         state: DecodeState | None = None,
         augment: Augment | None = None,
+        source: CrossSource | None = None,
     ) -> tuple[Tensor, DecodeState | None]:
+        """``x [B, S, D]``; ``source``: the encoder output, for a block with cross-attention."""
         if self.pre:
             h = self.norm1(x)
             a, state = self.attn(h, ctx, None if mem is None else self.norm1(mem), state, augment)
             x = x + self.drop(a)
+            if self.cross is not None:
+                x = x + self.drop(self.cross(self.norm_cross(x), source))
             x = x + self.drop(self.ffn(self.norm2(x)))
         else:
             a, state = self.attn(x, ctx, mem, state, augment)
             x = self.norm1(x + self.drop(a))
+            if self.cross is not None:
+                x = self.norm_cross(x + self.drop(self.cross(x, source)))
             x = self.norm2(x + self.drop(self.ffn(x)))
         return x, state
 
     def residual_projections(self) -> list[nn.Module]:
-        """The projections that write into the residual stream (attention output, FFN down), whose init the
+        """The projections that write into the residual stream (attention outputs, FFN down), whose init the
         model scales by 1/sqrt(2L) (``ModelSpec.init_std``)."""
-        return [self.attn.out, self.ffn.down]
+        return [self.attn.out, self.ffn.down] + ([self.cross.out] if self.cross is not None else [])
 
     def view(self, segments: Tensor | None) -> LayerView:
         """What a memory of this layer may use (``xfam.memory._base.LayerView``): the attention's

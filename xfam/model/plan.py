@@ -9,6 +9,7 @@ unchanged (the head drops them). Keys are ``[persistent | memory or cache | rows
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,12 +19,15 @@ from xfam.core.state import DecodeState
 
 @dataclasses.dataclass
 class DecodeCache:
-    """Incremental-decoding state: tokens seen so far, each layer's mechanism state, and the key
-    padding ``[B, length]`` of the tokens seen so far (None while nothing was padded)."""
+    """Incremental-decoding state: tokens seen so far, each layer's mechanism state, the key padding
+    ``[B, length]`` of the tokens seen so far (None while nothing was padded), and for the decoder of an
+    encoder-decoder the encoder's output with its per-layer cross-attention keys and values
+    (``xfam.model.cross.CrossSource``, projected in the first call only)."""
 
     length: int
     layers: list[DecodeState | None]
     key_padding: Tensor | None = None
+    source: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

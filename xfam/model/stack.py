@@ -19,6 +19,7 @@ from xfam.core.mask import AttnMask
 from xfam.core.state import DecodeState, MemoryState
 from xfam.memory import Memory
 from xfam.model.block import Block
+from xfam.model.cross import CrossSource
 from xfam.model.plan import CallPlan, DecodeCache
 from xfam.model.reversible import reversible_stack
 
@@ -36,10 +37,12 @@ class Stack:
         targets: Tensor | None,
         retrieved: tuple[Tensor, Tensor] | None,
         dtype: torch.dtype,
+        source: CrossSource | None = None,
     ):
         """``model``: the ``XfamModel`` whose blocks, memories, positional encoding and head run; ``memory`` /
         ``cache``: the states passed in; ``retrieved``: an output memory's neighbours, for the head; ``dtype``:
-        the embedded input's (the rotary tables')."""
+        the embedded input's (the rotary tables'); ``source``: the encoder output a decoder's cross-attention
+        reads (a decode cache carries it after the first call)."""
         self.model, self.plan, self.retrieved = model, plan, retrieved
         self.spec, self.causal, self.pos = model.spec, model.causal, model.pos
         self.blocks, self.memories = model.blocks, model.memories
@@ -53,6 +56,7 @@ class Stack:
             self.reads = [m.read(st) for m, st in zip(self.memories, memory, strict=True)]
             self.read_docs = [m.read_segments(st) for m, st in zip(self.memories, memory, strict=True)]
         self.states = list(cache.layers) if cache is not None else None
+        self.source = source if source is not None or cache is None else cache.source
         self.aux: dict[str, Tensor] = {}
         self._contexts: dict[object, LayerContext] = {}
         self._dtype = dtype  # of the embedded input: the rotary tables'
@@ -66,7 +70,8 @@ class Stack:
         mem = self.reads[step] if self.reads is not None else None
         front = plan.offset if plan.decoding else (0 if mem is None else mem.shape[1])
         docs = self.read_docs[step] if self.read_docs and plan.run_segments is not None and front else None
-        out, state = block(h, self.context(front, docs), mem, self._state(step), self._augment(step))
+        ctx, augment = self.context(front, docs), self._augment(step)
+        out, state = block(h, ctx, mem, self._state(step), augment, self.source)
         if self.states is not None:
             self.states[step] = state
         self._add_aux("attention", block.attn.mechanism.aux_losses())
@@ -89,7 +94,8 @@ class Stack:
         """The decode cache after this call (None when no cache was passed in)."""
         if self.states is None:
             return None
-        return DecodeCache(self.plan.offset + self.plan.rows, self.states, self.plan.cache_padding)
+        length = self.plan.offset + self.plan.rows
+        return DecodeCache(length, self.states, self.plan.cache_padding, self.source)
 
     # -- inside a layer ------------------------------------------------------------------------------
     def context(self, front: int, front_docs: Tensor | None = None) -> LayerContext:

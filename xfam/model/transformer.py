@@ -1,5 +1,7 @@
 """The xfam model: embeddings, one positional encoding, L blocks traversed by the exit policy,
-per-layer memory, and a head (causal LM or pooled classifier).
+per-layer memory, and a head: a causal LM, a bidirectional per-token head (masked LM, tagging),
+a pooled classifier, or none (the encoder of an encoder-decoder, ``xfam.model.encoder_decoder``,
+whose decoder is this model with cross-attention in every block).
 
     tokens [B, S] -> embed [B, S, D] -> (+ input positions) -> blocks -> norm -> head
 """
@@ -21,6 +23,7 @@ from xfam.core.state import MemoryState
 from xfam.exit import EXIT, ExitOutput
 from xfam.memory import MEMORY
 from xfam.model.block import Block
+from xfam.model.cross import CrossSource
 from xfam.model.head_groups import HeadGroups
 from xfam.model.layers import make_norm
 from xfam.model.plan import CallPlan, DecodeCache, plan_call
@@ -28,12 +31,16 @@ from xfam.model.spec import ModelSpec
 from xfam.model.stack import Stack
 from xfam.pos import POS
 
-Task = Literal["lm", "classify"]
+#: What the head computes: ``lm`` next-token logits ``[B, S, V]`` (causal by default); ``mlm`` token logits
+#: ``[B, S, V]`` and ``tag`` per-token class logits ``[B, S, C]`` (bidirectional); ``classify`` pooled ``[B, C]``;
+#: ``encode`` no head: the final-normed hidden states ``[B, S, D]`` (an encoder-decoder's encoder).
+Task = Literal["lm", "mlm", "tag", "classify", "encode"]
 
 
 @dataclasses.dataclass
 class ModelOutput:
-    """``logits``: ``[B, S, V]`` (lm) or ``[B, C]`` (classify). ``aux``: auxiliary losses owned by
+    """``logits``: ``[B, S, V]`` (lm, mlm), ``[B, S, C]`` (tag), ``[B, C]`` (classify) or ``[B, S, D]`` (encode).
+    ``aux``: auxiliary losses owned by
     components (summed into the loss by the trainer). ``depth``: layers used per token, if the
     exit policy varies it. ``memory`` / ``cache``: the new states, when states were passed in."""
 
@@ -59,7 +66,10 @@ class XfamModel(nn.Module):
         memory: dict[str, Any],
         exit: dict[str, Any],
         stores: dict[int, Any] | None = None,
+        cross: dict[str, Any] | None = None,
     ):
+        """``cross``: the cross-attention mechanism's config (``per_layer`` allowed), for the decoder of an
+        encoder-decoder: every block then attends to the encoder output passed as ``forward(source=...)``."""
         super().__init__()
         self.spec, self.task = spec, task
         self.causal = spec.causal if spec.causal is not None else task == "lm"
@@ -67,14 +77,22 @@ class XfamModel(nn.Module):
         self.embed = nn.Embedding(vocab_size, spec.dim)
         self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
         self.pos = POS.build(pos, **struct)
-        out_dim = vocab_size if task == "lm" else num_classes
+        out_dim = vocab_size if task in ("lm", "mlm") else num_classes
         self.exit = EXIT.build(exit, **struct, out_dim=out_dim)  # out_dim: for policies with their own classifiers
         self.num_layers = spec.layers
         n_blocks = self.exit.blocks_needed(spec.layers)
         attn_layers = per_layer(attention, spec.layers, "attention")
+        cross_layers = per_layer(cross, spec.layers, "cross_attention") if cross is not None else [None] * n_blocks
         shared: dict[str, Any] = {}  # modules that components share across layers
         self.blocks = nn.ModuleList(
-            Block(spec, build_mechanism(attn_layers[i], {**struct, "shared": shared}, layer=i), layer=i)
+            Block(
+                spec,
+                build_mechanism(attn_layers[i], {**struct, "shared": shared}, layer=i),
+                layer=i,
+                cross=None
+                if cross_layers[i] is None
+                else ATTENTION.build(cross_layers[i], **struct_cross(struct), layer=i),
+            )
             for i in range(n_blocks)
         )
         stores = stores or {}  # long-term stores the builder opened, by layer (Memory.needs_store)
@@ -93,9 +111,11 @@ class XfamModel(nn.Module):
         self.aux_embed = nn.Embedding(self.aux_tokens, spec.dim) if self.aux_tokens else None
         self.aux_doc = SHARED if spec.num_memory_tokens else -1
         self.norm = make_norm(spec) if spec.norm_position == "pre" else nn.Identity()
-        self.head = nn.Linear(spec.dim, out_dim, bias=task == "classify")
+        self.head = (
+            nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag")) if task != "encode" else nn.Identity()
+        )
         self._init_weights()
-        if spec.tie_embeddings and task == "lm":
+        if spec.tie_embeddings and task in ("lm", "mlm"):
             self.head.weight = self.embed.weight
 
     def _init_weights(self) -> None:
@@ -145,6 +165,7 @@ class XfamModel(nn.Module):
         memory: list[MemoryState] | None = None,
         cache: DecodeCache | None = None,
         targets: Tensor | None = None,
+        source: CrossSource | None = None,
     ) -> ModelOutput:
         """Run the model: embed, plan the call, traverse the layers (the exit policy), head.
 
@@ -156,6 +177,8 @@ class XfamModel(nn.Module):
             cache: decode state; when given, ``tokens`` are new tokens after ``cache.length``.
             targets: the loss's targets (``[B, S]`` ids, -100 = none, or ``[B]`` labels), given in
                 training to exit policies that train per-layer classifiers (``exit=calm``, ...).
+            source: the encoder's output, for a decoder with cross-attention (a decode cache keeps it
+                after the first call).
         """
         if self.training and cache is None:
             self.new_step()
@@ -164,7 +187,9 @@ class XfamModel(nn.Module):
         retrieved = None  # an output memory's (SPALM's) neighbours of every position, mixed into the head's input
         if self.output_memory is not None and cache is None:  # (generation refuses models with memory)
             retrieved = self.output_memory.retrieve(tokens, key_padding, segments)
-        stack = Stack(self, plan, memory=memory, cache=cache, targets=targets, retrieved=retrieved, dtype=x.dtype)
+        stack = Stack(
+            self, plan, memory=memory, cache=cache, targets=targets, retrieved=retrieved, dtype=x.dtype, source=source
+        )
         if self.spec.reversible:  # the whole stack in one recomputed pass (exit=none only: compat)
             res = ExitOutput(hidden=stack.run_reversible(x))
         else:
@@ -189,7 +214,8 @@ class XfamModel(nn.Module):
         proj: nn.Module | None = None,
         retrieved: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """Final norm and head: ``[B, S, D] -> [B, S, V]`` (lm) or pooled ``[B, C]`` (classify).
+        """Final norm and head: ``[B, S, D] -> [B, S, V|C]`` (per-token tasks), pooled ``[B, C]`` (classify), or the
+        normed ``[B, S, D]`` (encode).
         Auxiliary global tokens in front of ``hidden`` never reach the head. ``proj`` replaces the
         output layer (an exit policy's per-layer classifier). ``retrieved``: SPALM's neighbours, mixed
         into the head's input with the output word embeddings."""
@@ -197,7 +223,7 @@ class XfamModel(nn.Module):
         if retrieved is not None and proj is None:
             h = self.output_memory.mix(h, retrieved, self.head.weight)  # [B, S, D]
         out = proj if proj is not None else self.head
-        if self.task == "lm":
+        if self.task != "classify":
             return out(h)
         if self.spec.pool == "cls":
             return out(h[:, 0])
@@ -208,6 +234,11 @@ class XfamModel(nn.Module):
 
     def empty_cache(self) -> DecodeCache:
         return DecodeCache(0, [None] * self.num_layers)
+
+
+def struct_cross(struct: dict[str, Any]) -> dict[str, Any]:
+    """The sizes a cross-attention mechanism is built with: bidirectional (every source token is visible)."""
+    return {**struct, "causal": False}
 
 
 def aux_token_count(blocks: nn.ModuleList, memory_tokens: int = 0) -> int:
