@@ -79,10 +79,13 @@ def base_params(kind: str, data: dict[str, str]) -> dict[str, Any]:
         "duplication": {"symbols": 5, "seq_len": 8, **nums},
         "text": {"paths": [data["text"]], "extensions": [".txt"], "val_fraction": 0.2, "test_fraction": 0.2},
         "hf": {"path": data["hf"], "join": "eos"},
+        "seq2seq_toy": {"max_digits": 4, **nums},
     }[kind] | ({"seq_len": 16} if kind in ("text", "hf") else {})
 
 
 NUMS = [("num_train", 31), ("num_val", 7), ("num_test", 7), ("seed", 1)]
+PAIRS = {"source_column": "text", "target_column": "alt", "truncate": True}  # data=hf as source/target pairs
+TRUNCATING = {"source_len": 3, "target_len": 3, "truncate": True}
 #: Per source: (base overrides, the change, whether it changes the data). Every parameter appears.
 CHANGES: dict[str, list[tuple[dict, dict, bool]]] = {
     "parity": [
@@ -146,6 +149,21 @@ CHANGES: dict[str, list[tuple[dict, dict, bool]]] = {
         ({}, {"seq_len": 20}, True),
         ({"validation_split": None}, {"seed": 1}, True),  # which train rows are carved off
         ({}, {"doc_mask": True}, False),
+        ({}, {"batch_size": 5}, False),
+        ({}, PAIRS, True),  # language modelling -> pairs
+        (PAIRS, {"source_column": "alt"}, True),
+        (PAIRS, {"source_len": 100}, True),
+        (PAIRS, {"target_len": 100}, True),
+        ({**PAIRS, "source_len": 2000, "target_len": 2000, "truncate": False}, {"truncate": True}, False),
+    ],
+    "seq2seq_toy": [
+        ({}, {"kind": "addition"}, True),
+        ({}, {"min_digits": 2}, True),
+        ({}, {"max_digits": 5}, True),
+        *[({}, {k: v}, True) for k, v in NUMS],
+        (TRUNCATING, {"source_len": 2}, True),
+        (TRUNCATING, {"target_len": 2}, True),
+        ({}, {"truncate": True}, False),  # every pair fits: nothing is cut
         ({}, {"batch_size": 5}, False),
     ],
 }

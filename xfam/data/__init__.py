@@ -2,12 +2,15 @@
 
 from xfam.data import (  # noqa: F401  (registration)
     assoc_recall,
+    docstrings,
     duplication,
     far_recall,
     hf,
     listops,
     parity,
+    pytokens,
     repeat_segments,
+    seq2seq_toy,
     text,
 )
 from xfam.data.base import DATA, DataSource

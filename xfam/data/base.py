@@ -12,11 +12,15 @@ Rows (columns of each split, torch-formatted):
   count, e.g. the prompt half of a copy task). With ``contiguous = True`` row k+1 continues row k
   (so the sampler can lay out contiguous streams for the memory slot).
 * classification (``task = "classify"``): ``input_ids`` int ``[n <= S]`` and ``label`` int.
+* tagging (``task = "tag"``): ``input_ids`` int ``[n <= S]`` and ``labels`` int ``[n]``, a class per token.
+* sequence to sequence (``task = "seq2seq"``, ``xfam.data.seq2seq``): ``source`` and ``target`` int lists.
 
 Batches (what ``collate`` returns and the Lightning module consumes):
 
-* ``input_ids`` long ``[B, S]``
-* ``labels`` long ``[B, S]`` with -100 where no target counts (lm) / ``label`` long ``[B]`` (classify)
+* ``input_ids`` long ``[B, S]`` (seq2seq: the source)
+* ``labels`` long ``[B, S]`` with -100 where no target counts (lm, tag, seq2seq: the target) / ``label``
+  long ``[B]`` (classify)
+* ``decoder_input_ids`` long ``[B, St]``: seq2seq, the target shifted right behind BOS
 * ``key_padding`` bool ``[B, S]``, True on real tokens (only when rows are padded)
 * ``segments`` long ``[B, S]`` document ids (only when ``doc_mask`` asks attention to stay
   inside documents of packed rows)
@@ -32,15 +36,16 @@ from torch import Tensor
 from xfam.core.registry import Component, Registry
 
 Split = Literal["train", "validation", "test"]
-Task = Literal["lm", "classify"]
+Task = Literal["lm", "classify", "tag", "seq2seq"]
 
 
 class DataSource(Component):
     """Base of every ``data`` component.
 
     Class attributes:
-        task: ``lm`` or ``classify``.
+        task: ``lm``, ``classify``, ``tag`` or ``seq2seq``.
         contiguous: lm rows are consecutive chunks of one token stream (streams mode possible).
+        byte_text: the tokens are text with ``token_bytes`` (bits per byte is reported).
 
     Set by ``prepare()``:
         vocab_size: number of token ids (all ids in the data are below it).
@@ -55,6 +60,7 @@ class DataSource(Component):
 
     task: ClassVar[Task] = "lm"
     contiguous: ClassVar[bool] = False
+    byte_text: ClassVar[bool] = False
 
     vocab_size: int
     num_classes: int | None = None
@@ -66,6 +72,12 @@ class DataSource(Component):
     seq_len: int
     batch_size: int
     doc_mask: bool = False
+
+    @classmethod
+    def task_for(cls, params: dict[str, Any]) -> Task:
+        """The task of a source configured with ``params`` (validation reads it before building anything);
+        a source whose task depends on its settings (``data=hf`` with ``source_column``: pairs) overrides it."""
+        return cls.task
 
     def prepare(self) -> None:
         """Build or load (from the ``datasets`` cache) every split; validate token ids."""

@@ -1,4 +1,4 @@
-"""``data=hf``: language modelling on any Hugging Face dataset with a text column.
+"""``data=hf``: language modelling on any Hugging Face dataset with a text column, or its text pairs.
 
 ``path`` is a hub id (``Salesforce/wikitext``, ``LTCB/enwik8``, ``deepmind/pg19`` ...), loaded with
 ``datasets.load_dataset`` (network, or the local hub cache), or a folder written by
@@ -10,6 +10,10 @@ A split named ``null`` is carved from train deterministically (a permutation see
 Tokenization and packing are those of ``data=text`` (``xfam.data.packing``); the fingerprint
 combines the ``datasets`` fingerprints of the loaded splits with the carving, column, tokenizer
 and ``seq_len``.
+
+With ``source_column`` and ``target_column`` set the source is one of (source, target) text pairs
+(``task = "seq2seq"``): constructing ``HFSource`` then makes an ``HFPairs``, whose behaviour lives in
+``xfam.data.hf_pairs``; the loading and carving of the splits are the same.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import numpy as np
 
 from xfam.core.errors import ConfigError, unknown_choice
 from xfam.core.registry import Range
-from xfam.data.base import DATA
+from xfam.data.base import DATA, Task
+from xfam.data.hf_pairs import PAIR_KEYS, PairsMixin, is_pairs, pair_problems
 from xfam.data.packing import SPLITS, PackedLM
 from xfam.data.tokenize import short_hash
 
@@ -44,21 +49,29 @@ def _local_layout(folder: Path) -> dict[str, dict[str, Any]] | None:
 
 
 def _split_problems(params: dict[str, Any], layout: dict[str, dict[str, Any]]) -> list[str]:
-    problems, column = [], params["text_column"]
+    """Problems with the split names and the text columns (``text_column``, or ``source_column`` and
+    ``target_column`` of a source of pairs) of a dataset whose ``{split: features}`` is ``layout``."""
+    problems = []
     for key in ("train_split", "validation_split", "test_split"):
         name = params[key]
         if name is not None and name not in layout:
             fix = f"set data.{key} to one of them" + ("" if key == "train_split" else " or null to carve it from train")
             problems.append(unknown_choice(f"{key} (a split name)", name, layout, fix + "."))
+    lone_pair_column = not is_pairs(params) and any(params.get(k) is not None for k in PAIR_KEYS)  # pair_problems
+    keys = () if lone_pair_column else PAIR_KEYS if is_pairs(params) else ("text_column",)
+    columns = {k: params[k] for k in keys}
     for name, feats in layout.items():
-        if name in (params["train_split"], params["validation_split"], params["test_split"]):
+        if name not in (params["train_split"], params["validation_split"], params["test_split"]):
+            continue
+        for key, column in columns.items():
             if column not in feats:
-                where = f"text_column (a column of split {name!r})"
-                problems.append(unknown_choice(where, column, feats, "set data.text_column to one of the columns."))
+                where = f"{key} (a column of split {name!r})"
+                problems.append(unknown_choice(where, column, feats, f"set data.{key} to one of the columns."))
             elif feats[column].get("_type") != "Value" or feats[column].get("dtype") not in _TEXT_TYPES:
+                text = [c for c, f in feats.items() if f.get("_type") == "Value" and f.get("dtype") in _TEXT_TYPES]
                 problems.append(
-                    f"text_column {column!r} of split {name!r} is {feats[column]}, not text. Fix: set "
-                    "data.text_column to a string column."
+                    f"{key} {column!r} of split {name!r} is {feats[column]}, not text (the text columns are: "
+                    f"{', '.join(text) or 'none'}). Fix: set data.{key} to a string column."
                 )
     return problems
 
@@ -70,15 +83,26 @@ class HFSource(PackedLM):
     Args:
         path: hub id, or a local ``save_to_disk`` folder (a single ``Dataset`` counts as train).
         config_name: the hub configuration (null for none; ignored for a local folder).
-        text_column: the column holding the text.
+        text_column: the column holding the text (language modelling).
+        source_column / target_column: two text columns of (source, target) pairs: both set make a
+            sequence-to-sequence source (``HFPairs``, see ``xfam.data.hf_pairs``); both null (default)
+            the language-modelling source; one alone is refused.
         train_split / validation_split / test_split: split names; validation/test null: carved
             from train (``val_fraction`` / ``test_fraction`` of its rows, seeded).
         join: ``eos``: each row is a document followed by eos (empty rows dropped); ``concat``:
             rows are consecutive pieces of one text (wikitext's lines, which end in a newline) and
             are concatenated as they are, with no eos.
         tokenizer / bpe_vocab_size / doc_mask / seq_len / batch_size / seed: as in ``data=text``
-            (``doc_mask`` needs ``join=eos``: it is the eos that marks a document boundary).
+            (``doc_mask`` needs ``join=eos``: it is the eos that marks a document boundary). Pairs
+            read neither ``join``, ``doc_mask`` nor ``seq_len``.
+        source_len / target_len / truncate: pairs only: the most source ids, the most decoder
+            positions (BOS and the target ids), and whether longer pairs are cut (counted in the
+            log) or refused (``xfam.data.seq2seq.fit_pairs``).
     """
+
+    def __new__(cls, **params: Any) -> HFSource:
+        # Pairs are an HFPairs (a Seq2SeqSource): the registry builds "hf", the parameters choose the class.
+        return super().__new__(HFPairs if cls is HFSource and is_pairs(params) else cls)
 
     def __init__(
         self,
@@ -86,6 +110,8 @@ class HFSource(PackedLM):
         path: str = "Salesforce/wikitext",
         config_name: str | None = "wikitext-2-raw-v1",
         text_column: str = "text",
+        source_column: str | None = None,
+        target_column: str | None = None,
         train_split: str = "train",
         validation_split: str | None = "validation",
         test_split: str | None = "test",
@@ -96,20 +122,35 @@ class HFSource(PackedLM):
         bpe_vocab_size: Annotated[int, Range(ge=257)] = 4096,
         doc_mask: bool = False,
         seq_len: Annotated[int, Range(ge=1)] = 256,
+        source_len: Annotated[int, Range(ge=1)] = 256,
+        target_len: Annotated[int, Range(ge=2)] = 256,
+        truncate: bool = False,
         batch_size: Annotated[int, Range(ge=1)] = 16,
         seed: int = 0,
     ):
         self.path, self.config_name, self.text_column = path, config_name, text_column
+        self.source_column, self.target_column = source_column, target_column
         self.split_names = {"train": train_split, "validation": validation_split, "test": test_split}
         self.fractions = {"validation": val_fraction, "test": test_fraction}
         self.join_eos = join == "eos"
         self.tokenizer_kind, self.bpe_vocab_size, self.doc_mask = tokenizer, bpe_vocab_size, doc_mask
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        pairs = {"source_column": source_column, "target_column": target_column}
+        if problems := pair_problems(pairs):
+            raise ConfigError(f"data=hf: {problems[0]}")
+        if is_pairs(pairs):
+            self.task = "seq2seq"
+            lengths = {"source_len": source_len, "target_len": target_len, "truncate": truncate}
+            self.keep_lengths(**lengths, batch_size=batch_size, seed=seed)
+
+    @classmethod
+    def task_for(cls, params: dict[str, Any]) -> Task:
+        return "seq2seq" if is_pairs(params) else cls.task
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Any) -> list[str]:
-        problems = []
-        if params["doc_mask"] and params["join"] != "eos":
+        problems = pair_problems(params)
+        if params["doc_mask"] and params["join"] != "eos" and not is_pairs(params):
             problems.append("doc_mask=true needs join=eos (documents are delimited by eos). Fix: set data.join=eos.")
         carved = [params["val_fraction"]] * (params["validation_split"] is None)
         carved += [params["test_fraction"]] * (params["test_split"] is None)
@@ -168,9 +209,15 @@ class HFSource(PackedLM):
             ) from err
 
     def documents(self) -> tuple[dict[str, Any], str, str, dict[str, Any]]:
+        docs, corpus_fp, corpus = self.load_splits({"text_column": self.text_column})
+        return docs, self.text_column, corpus_fp, corpus
+
+    def load_splits(self, columns: dict[str, str]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        """Per split the ``datasets.Dataset`` to read (given or carved from train), the corpus fingerprint and
+        the corpus part of the manifest; ``columns``: ``{"text_column": ...}`` or the two pair columns."""
         loaded = self._load()
         layout = {name: dict(ds.features.to_dict()) for name, ds in loaded.items()}
-        params = {f"{k}_split": v for k, v in self.split_names.items()} | {"text_column": self.text_column}
+        params = {f"{k}_split": v for k, v in self.split_names.items()} | columns
         if problems := _split_problems(params, layout):
             raise ConfigError([f"data=hf: {p}" for p in problems])
         train = loaded[self.split_names["train"]]
@@ -189,7 +236,7 @@ class HFSource(PackedLM):
             "source": "hf",
             "path": self.path,
             "config_name": self.config_name,
-            "text_column": self.text_column,
+            **columns,
             "splits_from": self.split_names,
             "carved": {name: self.fractions[name] for name in carve},
             "seed": self.seed if carve else None,
@@ -197,4 +244,11 @@ class HFSource(PackedLM):
             "rows": {name: len(ds) for name, ds in docs.items()},
         }
         corpus_fp = short_hash({k: v for k, v in corpus.items() if k != "path"})
-        return {name: docs[name] for name in SPLITS}, self.text_column, corpus_fp, corpus
+        return {name: docs[name] for name in SPLITS}, corpus_fp, corpus
+
+
+class HFPairs(PairsMixin, HFSource):
+    """``data=hf`` with ``source_column`` and ``target_column``: (source, target) text pairs (``xfam.data.hf_pairs``).
+
+    Not registered itself: ``HFSource(**params)`` (the registry's ``hf``) returns one when both columns are set.
+    """

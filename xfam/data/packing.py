@@ -126,6 +126,7 @@ class PackedLM(DataSource):
 
     task = "lm"
     contiguous = True
+    byte_text = True
     join_eos: bool = True
 
     def documents(self) -> tuple[dict[str, Any], str, str, dict[str, Any]]:
