@@ -51,6 +51,12 @@ TRAIN: list[tuple[Any, ...]] = [
         ["model.causal=true with model.pool=cls", "model.pool=mean"],
     ),
     ("model-pool", ["data=listops", "model.pool=max"], ["model.pool='max'"]),
+    # -- task and model shape
+    ("task-unknown", ["task=translate"], ["task: unknown value 'translate'"]),
+    ("task-mlm-on-classes", ["task=mlm", "data=listops"], ["task=mlm masks tokens of a text stream", "data=text"]),
+    ("task-pairs-without-pairs", ["model.arch=encoder_decoder"], ["maps a source to a target", "data=docstrings"]),
+    ("task-mlm-decoder", ["task=mlm", "model.arch=decoder"], ["sees only the left", "model.arch=auto"]),
+    ("task-beam-zero", ["task=seq2seq", "task.beam_size=0"], ["task.beam_size=0", "task comes from the data"]),
     # -- attention (several components)
     ("attention-unknown", ["attention=vanila"], ["attention: unknown value 'vanila'", "Did you mean 'vanilla'"]),
     ("attention-backend", ["attention.backend=flash"], ["attention.backend='flash'"]),

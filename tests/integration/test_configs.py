@@ -25,6 +25,10 @@ def test_every_option_composes_and_validates(group: str, option: str) -> None:
     overrides = [f"{group}={option}"]
     if group == "attention" and not ATTENTION.get(option).causal:  # encoder-only: on a classification task
         overrides.append("data=listops")
+    if group == "task":  # a task is the data's own (or masked LM over text): data that has it
+        overrides += {"classify": ["data=listops"], "tag": ["data=pytokens"], "seq2seq": ["data=seq2seq_toy"]}.get(
+            option, []
+        )
     if (group, option) == ("memory", "spalm"):  # needs a datastore of a trained model: tests/integration/test_spalm.py
         with pytest.raises(ConfigError, match="memory=spalm needs memory.store=DIR"):
             validate(compose_cfg(overrides))

@@ -69,7 +69,7 @@ def cases() -> list[tuple[list[str], list[str]]]:
         (["pos=learned", "model.max_len=64", "data.seq_len=128"], ["longer than the learned position table"]),
         (["data.paths=[/no/such/folder]"], ["does not exist", "Fix:"]),
         (["data.paths=[]"], ["paths is an empty list", "Fix:"]),
-        (["exit=calm", "data=listops"], ["exit=calm exits per predicted token", "Fix:"]),
+        (["exit=calm", "data=listops"], ["exit=calm exits per generated token", "Fix:"]),
         (["exit=depth_adaptive", "exit.classifier=sequence"], ["would let every token see the future", "Fix:"]),
         (["trainer.nonfinite=ignore"], ["trainer.nonfinite: unknown value 'ignore'", "Fix:"]),
         (["trainer.matmul_precision=tf32"], ["unknown value 'tf32'", "high, highest, medium", "Fix: trainer.matmul_"]),

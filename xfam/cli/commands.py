@@ -84,6 +84,17 @@ LIST = Command(
     run="xfam.cli.listing:run",
 )
 
+EVAL_DESCRIPTION = """\
+Metrics of a checkpoint on a split of its data, as the run's own validation and test computed them (a
+memory model's memory carried from batch to batch). Evaluation lengths, for length extrapolation
+(Press et al., 2022, arXiv:2108.12409, non-overlapping rows):
+  seq_len=N   the checkpoint's data rebuilt with data.seq_len=N. A learned position table (pos=learned)
+              has model.max_len rows: a longer N is refused.
+  mem_len=M   each layer's memory keeps M states in evaluation: eval_mem_len of memory=xl and spalm
+              (mem_len stays the trained one), mem_len of compressive (uncompressed memory) and
+              memorizing (its local cache). Refused for a model without memory.
+The first line of the report names the lengths used and, where they differ, the trained ones."""
+
 EVAL = Command(
     "eval",
     "evaluate a checkpoint on a split of its data",
@@ -92,11 +103,42 @@ EVAL = Command(
         Option("split", SPLITS, "test", "the split of the checkpoint's data"),
         batch_size(),
         limit(),
+        Option(
+            "seq_len", INT, None, "evaluation length: the data rebuilt at data.seq_len=N", check=POSITIVE, example="512"
+        ),
+        Option(
+            "mem_len",
+            INT,
+            None,
+            "memory models: states each layer's memory keeps (eval_mem_len, else mem_len)",
+            check=must("an integer >= 0", at_least(0)),
+            example="256",
+        ),
         DEVICE,
     ),
     run="xfam.cli.evaluate:run",
     passthrough=EXIT,
+    description=EVAL_DESCRIPTION,
 )
+
+GENERATE_DESCRIPTION = """\
+Which checkpoints generate, and how (xfam.eval.generate):
+  causal LM, no memory    the prompt in one call, then one call per token with the KV cache (or each
+                          mechanism's decode state); an early-exit model picks each token's depth.
+                          With learned positions (pos=learned) prompt + max_new_tokens <= model.max_len.
+  causal LM with memory   memory=xl, compressive, memorizing, spalm: the memory is carried as in training.
+                          The stream is cut into segments of the run's data.seq_len; each completed
+                          segment writes the memory, the current one is recomputed with it at every
+                          step (no length limit; documents end at eos when the run set data.doc_mask).
+  knnlm_store=DIR         tokens drawn from kNN-LM's interpolation (models with exit=none).
+  encoder-decoder         (model.arch=encoder_decoder) source=<text> or source_file=<path> is encoded once;
+                          the decoder runs one cached step per token (its cross-attention keys and values
+                          projected once): greedy (temperature=0), sampling, or beam search (beam_size > 1,
+                          length_penalty: GNMT's alpha). prompt is not used.
+Cannot generate: classifiers and other tasks than causal LM (they predict no next token: use `xfam eval`);
+models trained on data without a text tokenizer (synthetic tasks); attention that needs exactly
+model.max_len tokens per sequence (fixed_length). check=true recomputes the whole sequence (with memory:
+segment by segment) and compares the logits."""
 
 GENERATE = Command(
     "generate",
@@ -121,9 +163,25 @@ GENERATE = Command(
             check=must("a number in (0, 1] (1: off)", finite(lambda v: 0 < v <= 1)),
             example="0.9",
         ),
+        Option("source", STR, None, "encoder-decoder: the source text", example="'def f(x): return x'"),
+        Option("source_file", PATH, None, "encoder-decoder: a file whose text is the source"),
+        Option(
+            "beam_size",
+            INT,
+            1,
+            "encoder-decoder: beam search with this many beams (1: greedy or sampling)",
+            check=POSITIVE,
+        ),
+        Option(
+            "length_penalty",
+            FLOAT,
+            1.0,
+            "encoder-decoder beam search: GNMT's alpha",
+            check=must("a number >= 0", finite(at_least(0))),
+        ),
         Option("num_samples", INT, 1, "samples drawn from the prompt", check=POSITIVE),
         Option("seed", INT, 0, "random seed of the sampling"),
-        Option("check", BOOL, False, "also verify cached logits against a full recompute"),
+        Option("check", BOOL, False, "also verify the logits against a full recompute"),
         Option("knnlm_store", PATH, None, "sample from kNN-LM over this datastore (xfam knnlm build)"),
         Option(
             "knnlm_lambda",
@@ -145,6 +203,7 @@ GENERATE = Command(
     ),
     run="xfam.cli.sample:sample",
     passthrough=EXIT,
+    description=GENERATE_DESCRIPTION,
 )
 
 IN_01 = must("a number in (0, 1)", finite(lambda v: 0 < v < 1))
@@ -243,7 +302,7 @@ KNNLM = Group(
 DESCRIPTION = """\
     xfam list [markdown=true]              every slot, component, parameter and capability
     xfam eval ckpt=PATH [split=test]       metrics of a checkpoint on a split of its data
-    xfam generate ckpt=PATH prompt="def "  sampling with a KV cache
+    xfam generate ckpt=PATH prompt="def "  sampling (KV cache; memory models carry their memory)
     xfam calibrate ckpt=PATH delta=0.1     an early-exit threshold with a guarantee (Learn-then-Test)
     xfam knnlm build ckpt=PATH             a kNN-LM datastore of a split (keys: the final FFN's input)
     xfam knnlm eval ckpt=PATH store=DIR    the checkpoint with and without kNN-LM interpolation

@@ -16,20 +16,22 @@ AUX_METRIC_SLOTS = ("attention", "memory", "exit")
 def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
     """The metric names a run of ``cfg`` returns when it ends (``runner.train``; what ``optimized_metric``
     may name): ``step``, ``train/tokens_per_s``, and for val (and test, with ``test=true``) the task's metrics
-    (``xfam.eval.metrics.summarize``): loss and acc; lm: ppl, and bpb for byte-backed text; an exit policy's depth
+    (``xfam.eval.metrics.summarize``): loss and acc; lm, seq2seq, mlm: ppl, and (not mlm) bpb for byte-backed text;
+    seq2seq: bleu, chrf, exact_match of generated outputs (``task.eval_generate_rows`` > 0); an exit policy's depth
     and compute_saved; an early-exit policy's full-depth metrics and agreement. Aux losses
     (``val/attention/span`` ...) are named by the components and matched by prefix (``AUX_METRIC_SLOTS``)."""
-    from xfam.data.packing import PackedLM
-
     names = ["loss", "acc"]
-    if sel.task == "lm":
-        names += ["ppl"] + (["bpb"] if data_cls is not None and issubclass(data_cls, PackedLM) else [])
+    if sel.task in ("lm", "seq2seq", "mlm"):
+        text = data_cls is not None and data_cls.byte_text and sel.task != "mlm"
+        names += ["ppl"] + (["bpb"] if text else [])
     exit_cls = sel.exit[0]
     if exit_cls.registry_name != "none":
         names += ["depth", "compute_saved"]
     if exit_cls.early_exit:
-        full = ["loss", "acc"] + (["ppl", "bpb"] if "bpb" in names else ["ppl"] if sel.task == "lm" else [])
+        full = ["loss", "acc"] + (["ppl", "bpb"] if "bpb" in names else ["ppl"] if "ppl" in names else [])
         names += [f"full/{n}" for n in full] + ["agreement"]
+    if sel.task == "seq2seq" and cfg.get("task", {}).get("eval_generate_rows", 64):
+        names += ["bleu", "chrf", "exact_match"]
     splits = ["val", "test"] if cfg.get("test", True) else ["val"]
     return ["step", "train/tokens_per_s"] + [f"{s}/{n}" for s in splits for n in names]
 

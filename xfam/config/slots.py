@@ -4,6 +4,7 @@ gathered into the ``compat.Selection`` the compatibility check reads; and whethe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ import xfam.exit
 import xfam.memory
 import xfam.pos  # noqa: F401  (registers every component)
 from xfam.attention._base import ATTENTION
+from xfam.config.run import EncoderStack
 from xfam.core.errors import ConfigError
 from xfam.core.schedule import per_head, per_layer
 from xfam.exit._base import EXIT
@@ -42,11 +44,21 @@ def streams_of(loader: Mapping[str, Any], memory: list[tuple[type, dict]]) -> tu
 
 
 def _slot_problems(
-    cfg: Mapping[str, Any], spec: ModelSpec, causal: bool, task: str
+    cfg: Mapping[str, Any], spec: ModelSpec, causal: bool, task: str, arch: str = "decoder"
 ) -> tuple[list[str], compat.Selection | None]:
-    """Problems of the four slot sections, and the selection when they are individually valid."""
+    """Problems of the four slot sections (and, for an encoder-decoder, of the cross-attention section), and the
+    selection when they are individually valid."""
     problems: list[str] = []
     ctx = spec.structural(causal)
+    cross: list[tuple[type, dict]] = []
+    if arch == "encoder_decoder":
+        try:
+            for i, ccfg in enumerate(per_layer(cfg["cross_attention"], spec.layers, "cross_attention")):
+                problems += ATTENTION.check(ccfg, {**ctx, "causal": False, "layer": i}, "cross_attention")
+                if ccfg.get("name") in ATTENTION:
+                    cross.append((ATTENTION.get(ccfg["name"]), ccfg))
+        except ConfigError as err:
+            problems += err.problems
     attention: list[tuple[type, dict, bool]] = []
     memory: list[tuple[type, dict]] = []
     for slot in ("pos", "exit"):
@@ -85,5 +97,47 @@ def _slot_problems(
         num_mem_kv=spec.num_mem_kv,
         num_memory_tokens=spec.num_memory_tokens,
         documents=bool(cfg["data"].get("doc_mask", False)),
+        arch=arch,
+        cross=list({id(p): (c, p) for c, p in cross}.values()),
     )
     return [], sel
+
+
+def encoder_is_default(section: Mapping[str, Any]) -> bool:
+    """The ``encoder`` section asks for nothing of its own (every key null: as the decoder)."""
+    return all(v is None for v in section.values())
+
+
+def encoder_stack(cfg: Mapping[str, Any], spec: ModelSpec) -> tuple[EncoderStack | None, list[str]]:
+    """The encoder of an encoder-decoder (``encoder`` section; null keys: as the decoder), validated as a
+    bidirectional stack with no memory and no exit policy, its problems prefixed ``encoder:``."""
+    enc = cfg["encoder"]
+    unknown = sorted(set(enc) - {"layers", "attention", "pos"})
+    if unknown:
+        return None, [
+            f"encoder.{k}: unknown key. Fix: remove it (valid: encoder.layers, attention, pos)." for k in unknown
+        ]
+    layers = enc.get("layers")
+    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or layers < 1):
+        return None, [f"encoder.layers={layers!r}: must be an integer >= 1, or null (model.layers). Fix: set it."]
+    for key in ("attention", "pos"):
+        if enc.get(key) is not None and not isinstance(enc[key], Mapping):
+            return None, [
+                f"encoder.{key}={enc[key]!r} is not a component config. Fix: encoder.{key}={{name:<component>,...}} "
+                f"(e.g. encoder.attention={{name:longformer,window:64}}), or null (as the decoder)."
+            ]
+    spec_e = dataclasses.replace(spec, layers=layers or spec.layers, causal=False)
+    stack_cfg = {
+        **cfg,
+        "attention": enc.get("attention") or cfg["attention"],
+        "pos": enc.get("pos") or cfg["pos"],
+        "memory": {"name": "none"},
+        "exit": {"name": "none"},
+    }
+    problems, sel = _slot_problems(stack_cfg, spec_e, causal=False, task="encode", arch="encoder")
+    if sel is not None:
+        problems += compat.check(sel)
+    if problems:
+        return None, [f"encoder: {p}" for p in problems]
+    attention = tuple(per_layer(stack_cfg["attention"], spec_e.layers, "attention"))
+    return EncoderStack(spec=spec_e, attention=attention, pos=dict(stack_cfg["pos"])), []

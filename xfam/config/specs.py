@@ -35,6 +35,7 @@ class RunSpec:
         optimized_metric: the final metric returned to a sweeper (``hparams_search=optuna``).
         allow_data_change: resume a checkpoint on purpose on data with another fingerprint than it
             was trained on (e.g. to fine-tune); refused by default, as it is more often a mistake.
+        init_from: a checkpoint whose matching weights start this run (fine-tuning; ``finetune`` section).
     """
 
     name: str = "default"
@@ -44,6 +45,7 @@ class RunSpec:
     debug: bool = False
     optimized_metric: str | None = None
     allow_data_change: bool = False
+    init_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

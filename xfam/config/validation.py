@@ -17,17 +17,35 @@ from typing import Any
 import xfam.data  # noqa: F401  (registers every data source)
 from xfam.config.metrics import _metric_problems
 from xfam.config.run import RunConfig
-from xfam.config.slots import _slot_problems, streams_of
+from xfam.config.slots import _slot_problems, encoder_is_default, encoder_stack, streams_of
 from xfam.config.specs import CallbacksSpec, LoaderSpec, LoggerSpec, OptimSpec, RunSpec
+from xfam.config.task import TaskSpec, arch_problems, known_task, resolve_task
 from xfam.config.trainer import check_trainer
 from xfam.core.errors import ConfigError, unknown_choice
 from xfam.core.registry import check_params
 from xfam.core.schedule import per_layer
 from xfam.data.base import DATA
 from xfam.model import compat
+from xfam.model.init_from import FinetuneSpec, finetune_problems
 from xfam.model.spec import ModelSpec
 
-SECTIONS = ("model", "attention", "pos", "memory", "exit", "data", "loader", "optim", "trainer", "logger", "callbacks")
+SECTIONS = (
+    "model",
+    "attention",
+    "pos",
+    "memory",
+    "exit",
+    "data",
+    "task",
+    "encoder",
+    "cross_attention",
+    "loader",
+    "optim",
+    "trainer",
+    "logger",
+    "callbacks",
+    "finetune",
+)
 
 _ABSENT = object()
 
@@ -41,6 +59,7 @@ def _missing_section(section: str, value: Any) -> str:
         "memory": "memory=none",
         "exit": "exit=none",
         "data": "data=text",
+        "task": "task=auto",
         "optim": "optim=adamw",
         "trainer": "trainer=cpu",
         "logger": "logger=csv",
@@ -122,6 +141,23 @@ def _causal_problems(spec: ModelSpec, task: str, data: Any) -> list[str]:
     return []
 
 
+def _pair_length_problems(data: Mapping[str, Any], arch: str, spec: ModelSpec, sel: compat.Selection) -> list[str]:
+    """Source/target pairs against a learned position table: an encoder-decoder's rows are the source and the
+    target (each at most its length), a decoder-only model's one row holds both."""
+    src, tgt = data.get("source_len"), data.get("target_len")
+    if not (isinstance(src, int) and isinstance(tgt, int)) or not sel.pos[0].bounded:
+        return []
+    longest, what = (src + tgt, "data.source_len + data.target_len") if arch == "decoder" else (max(src, tgt), "")
+    if longest <= spec.max_len:
+        return []
+    what = what or ("data.source_len" if src >= tgt else "data.target_len")
+    return [
+        f"{what}={longest} is longer than the learned position table (model.max_len={spec.max_len})"
+        + (" (a decoder-only model reads the source and the target as one row)" if arch == "decoder" else "")
+        + f". Fix: model.max_len={longest} or more, shorter pairs, or a pos that extrapolates (pos=rope, pos=alibi)."
+    ]
+
+
 def validate(cfg: Mapping[str, Any]) -> RunConfig:
     """Raise one ``ConfigError`` with every problem in ``cfg`` (a plain, resolved config dict); a valid one
     comes back as its ``RunConfig`` (built from a copy of ``cfg``: later changes to ``cfg`` do not reach it)."""
@@ -136,6 +172,8 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         problems += check_params(cls, cfg[section], section, structural=()) + _missing_keys(cls, cfg[section], section)
     problems += check_params(CallbacksSpec, cfg["callbacks"], "callbacks", structural=())
     problems += _missing_keys(CallbacksSpec, cfg["callbacks"], "callbacks")
+    problems += check_params(FinetuneSpec, cfg["finetune"], "finetune", structural=())
+    problems += _missing_keys(FinetuneSpec, cfg["finetune"], "finetune") + finetune_problems(cfg)
     if (sig := cfg["callbacks"].get("requeue_signal")) is not None and sig == cfg["callbacks"].get("stop_signal"):
         problems.append(
             f"callbacks.requeue_signal and callbacks.stop_signal are both {sig}. "
@@ -159,15 +197,33 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
     problems += spec.problems()
     if spec.problems():
         raise ConfigError(problems)
-    task = data_cls.task if data_cls else "lm"
-    causal = spec.causal if spec.causal is not None else task == "lm"
-    problems += _causal_problems(spec, task, cfg["data"].get("name"))
-    slot_problems, sel = _slot_problems(cfg, spec, causal, task)
+    task_problems = check_params(TaskSpec, cfg["task"], "task", structural=())
+    problems += task_problems
+    task_spec = TaskSpec(**cfg["task"]) if not task_problems else TaskSpec(name=known_task(cfg["task"].get("name")))
+    data_name = cfg["data"].get("name")
+    data_task = data_cls.task_for(cfg["data"]) if data_cls else "lm"
+    own_tasks = {n: c.task for n, c in DATA.items()}
+    task, problems_of_task = resolve_task(task_spec, data_task, data_name, own_tasks)
+    arch = spec.arch_for(task)
+    problems += problems_of_task + arch_problems(arch, task, spec.causal, data_name)
+    causal = spec.causal if spec.causal is not None else arch != "encoder"
+    problems += _causal_problems(spec, task, data_name)
+    slot_problems, sel = _slot_problems(cfg, spec, causal, task, arch)
     problems += slot_problems
+    encoder = None
+    if arch == "encoder_decoder":
+        encoder, encoder_problems = encoder_stack(cfg, spec)
+        problems += encoder_problems
+    elif not encoder_is_default(cfg["encoder"]):
+        problems.append(
+            f"encoder.* is set ({cfg['encoder']}), and it configures the encoder of model.arch=encoder_decoder; this "
+            f"model is a {arch}. Fix: remove the encoder.* overrides, or a source of pairs with model.arch=auto."
+        )
     if sel is not None:
         problems += compat.check(sel)
         problems += _metric_problems(cfg, data_cls, sel)
         seq_len = cfg["data"].get("seq_len")
+        problems += _pair_length_problems(cfg["data"], arch, spec, sel)
         if sel.pos[0].bounded and isinstance(seq_len, int) and seq_len > spec.max_len:
             problems.append(
                 f"data.seq_len={seq_len} is longer than the learned position table (model.max_len={spec.max_len}). "
@@ -196,6 +252,10 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         spec=spec,
         attention=tuple(per_layer(cfg["attention"], spec.layers, "attention")),
         memory=tuple(per_layer(cfg["memory"], spec.layers, "memory")),
+        task_spec=task_spec,
+        arch=arch,
+        encoder=encoder,
+        cross=tuple(per_layer(cfg["cross_attention"], spec.layers, "cross_attention")) if encoder else (),
         pos=dict(cfg["pos"]),
         exit=dict(cfg["exit"]),
         selection=sel,
@@ -206,4 +266,5 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         optim=OptimSpec(**cfg["optim"]),
         logger=LoggerSpec(**cfg["logger"]),
         callbacks=CallbacksSpec(**cfg["callbacks"]),
+        finetune=FinetuneSpec(**cfg["finetune"]),
     )

@@ -301,8 +301,11 @@ class Docstrings(Seq2SeqSource):
                 "max_pairs": cap,
             }
             key = short_hash(corpus_fp, "docstrings-pairs", name, cap)
-            ds = cached_generate(_read_pairs, kwargs, features, name, key, _pairs_check)
-            if len(ds) == 0:
+            try:  # (datasets refuses to write a split of no rows: "corresponds to no data")
+                ds = cached_generate(_read_pairs, kwargs, features, name, key, _pairs_check) if mine else None
+            except ValueError:
+                ds = None
+            if ds is None or len(ds) == 0:
                 raise ConfigError(
                     f"data={owner}: the {name} split has no function with a docstring ({len(mine)} files). "
                     "Fix: a larger data.max_files (or null), or larger data.val_fraction / data.test_fraction."

@@ -11,6 +11,8 @@ carried through evaluation; the last ``rows mod (B * ranks)`` rows of a split ar
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -31,9 +33,22 @@ def _dist() -> tuple[int, int]:
 class XfamDataModule(L.LightningDataModule):
     """Serves a prepared ``DataSource``'s splits as batches (see ``xfam.data.base`` for their form)."""
 
-    def __init__(self, source: DataSource, *, seed: int, streams: bool = False, num_workers: int = 0):
+    def __init__(
+        self,
+        source: DataSource,
+        *,
+        seed: int,
+        streams: bool = False,
+        num_workers: int = 0,
+        collate: Callable[[list[dict]], dict[str, Any]] | None = None,
+    ):
+        """``collate``: rows to batches, when the task renders the source's rows its own way (default: the
+        source's ``collate``); one with ``set_epoch`` (masked LM) learns the training epoch."""
         super().__init__()
         self.source, self.seed, self.streams, self.num_workers = source, seed, streams, num_workers
+        self.collate = collate or source.collate
+        # Evaluation batches never change with the training epoch (masked LM: the same masks every validation).
+        self.eval_collate = copy.copy(self.collate) if hasattr(self.collate, "set_epoch") else self.collate
         self.train_sampler: ResumableBatchSampler | None = None
         self._resume: tuple[int, int | None] = (0, None)  # (batches, epoch) a checkpoint says were consumed
 
@@ -69,7 +84,8 @@ class XfamDataModule(L.LightningDataModule):
             )
         self.train_sampler.skip(*self._resume)
         self._resume = (0, None)
-        return self._loader(rows, self.train_sampler)
+        collate = _EpochCollate(self.collate, self.train_sampler) if hasattr(self.collate, "set_epoch") else None
+        return self._loader(rows, self.train_sampler, collate)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("validation")
@@ -89,17 +105,29 @@ class XfamDataModule(L.LightningDataModule):
                     f"stream per batch row ({bs} x {world} ranks). Fix: a smaller data.batch_size, or larger "
                     f"data.val_fraction / data.test_fraction."
                 )
-            return self._loader(rows, sampler)
+            return self._loader(rows, sampler, self.eval_collate)
         mine = list(range(rank, len(rows), world))  # round-robin shard; every row counted once
         batches = [mine[i : i + bs] for i in range(0, len(mine), bs)]
-        return self._loader(rows, batches)
+        return self._loader(rows, batches, self.eval_collate)
 
-    def _loader(self, rows: Any, batch_sampler: Any) -> DataLoader:
+    def _loader(self, rows: Any, batch_sampler: Any, collate: Callable | None = None) -> DataLoader:
         return DataLoader(
             rows,
             batch_sampler=batch_sampler,
-            collate_fn=self.source.collate,
+            collate_fn=collate or self.collate,
             num_workers=self.num_workers,
             generator=torch.Generator().manual_seed(self.seed),
             persistent_workers=self.num_workers > 0,
         )
+
+
+class _EpochCollate:
+    """A collate that depends on the training epoch (masked LM's masks), told the sampler's epoch before each
+    batch. (With ``loader.num_workers > 0`` the persistent workers keep the epoch they started in.)"""
+
+    def __init__(self, collate: Any, sampler: ResumableBatchSampler):
+        self.collate, self.sampler = collate, sampler
+
+    def __call__(self, rows: list[dict]) -> dict[str, Any]:
+        self.collate.set_epoch(self.sampler.epoch)
+        return self.collate(rows)

@@ -72,6 +72,29 @@ class LengthResult:
     seconds: float
 
 
+def length_problem(model: nn.Module, length: int, setting: str | None = None) -> str | None:
+    """Why ``model`` cannot take inputs of ``length`` tokens at once (None when it can): a bounded ``pos``
+    (``pos=learned``) has one trained vector per position, a table of ``model.max_len`` rows, so a longer
+    input has positions without a vector. Shared by every length evaluation (``evaluate_checkpoint``,
+    ``xfam eval seq_len=N``), so a refusal is found before any data is read. ``setting``: how the message
+    names the length (default ``evaluation length N``)."""
+    pos, spec = getattr(model, "pos", None), getattr(model, "spec", None)
+    if pos is None or spec is None or not pos.bounded or length <= spec.max_len:
+        return None
+    from xfam.pos import POS
+
+    tableless = [n for n, c in POS.items() if not c.bounded and c.relative and c.__module__.startswith("xfam.")]
+    memory = ", or a longer mem_len (a memory model's context beyond a segment is its memory)"
+    setting = setting or f"evaluation length {length}"
+    return (
+        f"{setting}: pos={pos.registry_name} has one trained vector per position, a table of {spec.max_len} rows "
+        f"(model.max_len), so position {length - 1} is past the learned table "
+        f"({spec.max_len} positions). Fix: a length of at most {spec.max_len}"
+        f"{memory if getattr(model, 'uses_memory', False) else ''}; a model that is to run longer than it was "
+        f"trained needs a pos without a table, e.g. pos in [{', '.join(tableless)}]."
+    )
+
+
 def windows(n: int, length: int, protocol: Protocol, stride: int | None = None) -> list[Window]:
     """The windows that score each of the ``n`` targets exactly once (see the module docstring).
 
@@ -232,8 +255,8 @@ def evaluate_checkpoint(
     """Every (protocol, length) evaluation of a checkpoint on the first ``tokens`` targets of ``split``.
 
     Returns one dict per pair: the fields of ``LengthResult``, or ``{"length", "protocol",
-    "refused": message}`` when the model refuses the length (a ``ConfigError``, e.g. learned positions
-    past ``model.max_len``); other errors propagate.
+    "refused": message}`` when the model refuses the length (``length_problem``, e.g. learned positions
+    past ``model.max_len``, or a ``ConfigError`` the model raises); other errors propagate.
     """
     from xfam.model.build import build_data
     from xfam.model.checkpoint import load_model
@@ -250,6 +273,9 @@ def evaluate_checkpoint(
     out: list[dict[str, Any]] = []
     for protocol in protocols:
         for length in lengths:
+            if (why := length_problem(model, length)) is not None:
+                out.append({"length": length, "protocol": protocol, "refused": why})
+                continue
             try:
                 res = evaluate_length(
                     model,

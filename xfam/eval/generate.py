@@ -1,5 +1,21 @@
-"""Autoregressive sampling with the model's incremental decode state (KV cache or whatever each
-mechanism keeps), with temperature, top-k and nucleus (top-p, Holtzman et al., 2020) filtering."""
+"""Autoregressive sampling, with temperature, top-k and nucleus (top-p, Holtzman et al., 2020,
+arXiv:1904.09751) filtering, from a causal language model with or without segment memory.
+
+* Without memory each new token runs in one incremental call with the model's decode state (a KV
+  cache, or whatever each mechanism keeps).
+* With memory (``memory=xl``, ``compressive``, ``memorizing``, ``spalm``: the segment recurrence of
+  Dai et al., 2019, "Transformer-XL", arXiv:1901.02860, sec. 3.2, and the memories built on it) the
+  memory is carried as in training: the stream (prompt and generated tokens) is cut into segments of
+  the training length (``data.seq_len``); each completed segment is run once with the memory of the
+  segments before it, and the memory it writes is kept; the tokens of the current, incomplete segment
+  are recomputed at every step with that memory (a decode cache and a memory do not combine in the
+  model). A token's logits are then exactly those of the model run over the whole stream segment by
+  segment (``stream_logits``, the definition). When the training data marked documents
+  (``data.doc_mask``), a boundary token closes its document, as in training: attention and memory stay
+  inside documents. SPALM's long-term memory retrieves for every recomputed position, as in training.
+
+Shapes: B samples, T tokens so far, S segment length, V vocabulary.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +23,12 @@ import contextlib
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from xfam.attention import AttentionMechanism
 from xfam.core.errors import ConfigError
-from xfam.model.transformer import XfamModel
+from xfam.model.transformer import ModelOutput, XfamModel
 
 if TYPE_CHECKING:
     from xfam.knnlm.interpolate import KnnMixer
@@ -38,6 +56,94 @@ class Generation(NamedTuple):
     depth: Tensor | None
 
 
+def generation_problems(model: XfamModel, segment_len: int | None = None) -> list[str]:
+    """Why ``model`` cannot generate (empty when it can); ``segment_len``: a memory model's training
+    ``data.seq_len``, the length of the segments its memory is written in."""
+    if model.task != "lm" or not model.causal:
+        what = "a bidirectional language model" if model.task == "lm" else f"a model of task {model.task!r}"
+        return [
+            f"generate continues text with a causal language model; this checkpoint is {what}, whose outputs "
+            f"are not next-token predictions from a prefix. Fix: evaluate it with `xfam eval`."
+        ]
+    problems = []
+    fixed = sorted({m.registry_name for m in model.modules() if isinstance(m, AttentionMechanism) and m.fixed_length})
+    if fixed:
+        problems.append(
+            f"attention={', '.join(fixed)} needs every sequence to have exactly model.max_len tokens, and "
+            f"generation runs growing prefixes. Fix: sample from a model trained with another attention."
+        )
+    if model.uses_memory and (segment_len is None or segment_len < 1):
+        problems.append(
+            f"a model with memory generates segment by segment, as it was trained, and needs its training "
+            f"segment length (segment_len={segment_len}). Fix: pass segment_len=<the checkpoint's data.seq_len> "
+            f"(meta['config']['data']['seq_len'] of xfam.load_model)."
+        )
+    return problems
+
+
+def document_ids(tokens: Tensor, boundary: int | None) -> Tensor | None:
+    """``[B, T]`` document ids of a stream whose documents end with the ``boundary`` token (None: no
+    documents). A boundary closes its own document (``xfam.data.base.collate_lm``'s rule)."""
+    if boundary is None:
+        return None
+    return F.pad((tokens == boundary).long(), (1, 0))[:, :-1].cumsum(dim=1)  # [B, T]
+
+
+class SegmentStream:
+    """A memory model over a growing stream, segment by segment with the memory carried (see the module
+    docstring): ``stream(tokens)`` returns the model's output for the stream's last, possibly incomplete,
+    segment, after writing every completed segment before it into the memory."""
+
+    def __init__(self, model: XfamModel, segment_len: int, boundary: int | None = None):
+        self.model, self.segment_len, self.boundary = model, segment_len, boundary
+        self.memory: list | None = None
+        self.done = 0  # tokens whose segment is complete and written into self.memory
+
+    def __call__(self, tokens: Tensor) -> ModelOutput:
+        """``tokens [B, T]``: the whole stream so far (it only grows between calls)."""
+        if self.memory is None:
+            self.memory = self.model.init_memory(tokens.shape[0], tokens.device)
+        docs = document_ids(tokens, self.boundary)  # [B, T]
+        while tokens.shape[1] - self.done > self.segment_len:  # complete segments first (a long prompt)
+            self._run(tokens, docs, self.done + self.segment_len)
+        return self._run(tokens, docs, tokens.shape[1])
+
+    def _run(self, tokens: Tensor, docs: Tensor | None, end: int) -> ModelOutput:
+        """Tokens ``done .. end`` with the memory of the segments before them; kept when they complete one."""
+        part = slice(self.done, end)
+        out = self.model(tokens[:, part], segments=None if docs is None else docs[:, part], memory=self.memory)
+        if end - self.done == self.segment_len:
+            self.memory, self.done = out.memory, end
+        return out
+
+
+class _Cached:
+    """A model without memory over a growing stream: each call runs the tokens after the decode cache."""
+
+    def __init__(self, model: XfamModel):
+        self.model, self.cache, self.seen = model, model.empty_cache(), 0  # (the cache also counts aux rows)
+
+    def __call__(self, tokens: Tensor) -> ModelOutput:
+        out = self.model(tokens[:, self.seen :], cache=self.cache)
+        self.cache, self.seen = out.cache, tokens.shape[1]
+        return out
+
+
+@torch.no_grad()
+def stream_logits(model: XfamModel, tokens: Tensor, segment_len: int, boundary: int | None = None) -> Tensor:
+    """Logits ``[B, T, V]`` of every position of ``tokens [B, T]`` for a memory model run over the stream
+    in segments of ``segment_len`` with the memory carried from each to the next (the definition that
+    generation with memory follows); ``boundary``: the token that ends a document, when documents are marked."""
+    model.eval()
+    memory, docs, out = model.init_memory(tokens.shape[0], tokens.device), document_ids(tokens, boundary), []
+    for a in range(0, tokens.shape[1], segment_len):
+        part = slice(a, a + segment_len)
+        res = model(tokens[:, part], segments=None if docs is None else docs[:, part], memory=memory)
+        memory = res.memory
+        out.append(res.logits)
+    return torch.cat(out, dim=1)
+
+
 @torch.no_grad()
 def generate(
     model: XfamModel,
@@ -50,18 +156,18 @@ def generate(
     generator: torch.Generator | None = None,
     stop_token: int | None = None,
     knn: KnnMixer | None = None,
+    segment_len: int | None = None,
+    boundary: int | None = None,
 ) -> Generation:
-    """Continue ``prompt [B, T]``. The prompt is processed in one call, then each new token in one
-    incremental call (an early-exit policy decides each token's depth in that call). With ``knn``
+    """Continue ``prompt [B, T]``. Without memory the prompt is processed in one call, then each new token
+    in one incremental call (an early-exit policy decides each token's depth in that call). With memory
+    the stream is run in segments of ``segment_len`` (the training ``data.seq_len``) with the memory
+    carried, the current segment recomputed at each step (module docstring); ``boundary``: the token that
+    ends a document when the training data marked documents (``data.doc_mask``), else None. With ``knn``
     (``xfam.knnlm.KnnMixer``) tokens are drawn from kNN-LM's interpolated distribution, whose
     log-probabilities are then the returned logits."""
-    if model.task != "lm":
-        raise ConfigError("generate needs a language model; this checkpoint is a classifier. Fix: use `xfam eval`.")
-    if model.uses_memory:
-        raise ConfigError(
-            "generate decodes with each layer's decode state; it does not also carry segment memory. "
-            "Fix: sample from a model trained with memory=none."
-        )
+    if problems := generation_problems(model, segment_len):
+        raise ConfigError(problems)
     if prompt.shape[1] == 0:
         raise ConfigError("generate needs a prompt of at least one token. Fix: pass prompt=<text>.")
     bad = [f"max_new_tokens={max_new_tokens} (valid: >= 1)"] if max_new_tokens < 1 else []
@@ -71,10 +177,11 @@ def generate(
     if bad:  # (top_p <= 0 kept no token: NaN probabilities, and sampling failed inside torch)
         raise ConfigError(f"generate: {'; '.join(bad)}. Fix: a value in the valid range.")
     model.eval()
+    step = SegmentStream(model, segment_len, boundary) if model.uses_memory else _Cached(model)
     with knn if knn is not None else contextlib.nullcontext():
-        out = model(prompt, cache=model.empty_cache())
+        out = step(prompt)
         tokens, used, depths = prompt, [], []
-        logits = out.logits[:, -1] if knn is None else knn(out.logits[:, -1])
+        logits = out.logits[:, -1] if knn is None else knn(out.logits[:, -1])  # [B, V]
         for _ in range(max_new_tokens):
             used.append(logits)
             depths.append(out.depth[:, -1] if out.depth is not None else None)
@@ -86,7 +193,7 @@ def generate(
             tokens = torch.cat((tokens, nxt), dim=1)
             if stop_token is not None and bool((nxt == stop_token).all()):
                 break
-            out = model(nxt, cache=out.cache)
+            out = step(tokens)
             logits = out.logits[:, -1] if knn is None else knn(out.logits[:, -1])
     depth = torch.stack(depths, dim=1) if depths and depths[0] is not None else None
     return Generation(tokens, torch.stack(used, dim=1), depth)

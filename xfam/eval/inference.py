@@ -10,6 +10,7 @@ import yaml
 from torch import Tensor
 
 from xfam.core.errors import ConfigError
+from xfam.eval.forward import forward_batch
 from xfam.eval.metrics import add_stats, batch_stats, summarize
 from xfam.exit._base import EXIT, EarlyExitPolicy
 from xfam.model.transformer import XfamModel
@@ -50,10 +51,10 @@ def compares_full_depth(model: XfamModel) -> bool:
 
 
 @torch.no_grad()
-def full_depth_logits(model: XfamModel, tokens: Tensor, **kwargs: Any) -> Tensor:
-    """The logits of the same model with every layer run for every token."""
+def full_depth_logits(model: XfamModel, batch: dict[str, Tensor]) -> Tensor:
+    """The logits of the same model on ``batch`` with every layer run for every token."""
     with model.exit.full_depth():
-        return model(tokens, **kwargs).logits
+        return forward_batch(model, batch).logits
 
 
 def full_depth_stats(
@@ -61,9 +62,9 @@ def full_depth_stats(
 ) -> dict[str, Tensor]:
     """One batch's sums for the comparison with full depth: the full model's ``batch_stats`` (keys
     ``full/...``) and the top-1 agreement of ``early_logits`` with it (``agree`` of ``agree_count``)."""
-    full = full_depth_logits(model, batch["input_ids"], **_inputs(batch))
+    full = full_depth_logits(model, batch)
     stats = {f"full/{k}": v for k, v in batch_stats(task, full, batch, token_bytes).items()}
-    keep = batch["labels"] != -100 if task == "lm" else None
+    keep = batch["labels"] != -100 if task != "classify" else None
     stats["agree"], stats["agree_count"] = agreement(early_logits, full, keep)
     return stats
 
@@ -102,16 +103,17 @@ def threshold_sweep(
     before = policy.threshold
     full, rows, sums = [], [], []
     for batch in batches:
-        full.append(full_depth_logits(model, batch["input_ids"], **_inputs(batch)))  # [B, S, V]
+        full.append(full_depth_logits(model, batch))  # [B, S, V]
     try:
         for threshold in thresholds:
             policy.threshold = float(threshold)
             risk, total = [], {}
             for batch, ref in zip(batches, full, strict=True):
-                out = model(batch["input_ids"], **_inputs(batch))
-                keep = batch["labels"] != -100 if task == "lm" else torch.ones_like(batch["label"], dtype=torch.bool)
+                out = forward_batch(model, batch)
+                per_token = task != "classify"
+                keep = batch["labels"] != -100 if per_token else torch.ones_like(batch["label"], dtype=torch.bool)
                 differ = (out.logits.argmax(-1) != ref.argmax(-1)) & keep
-                per_row = differ.float().sum(-1) / keep.sum(-1).clamp_min(1) if task == "lm" else differ.float()
+                per_row = differ.float().sum(-1) / keep.sum(-1).clamp_min(1) if per_token else differ.float()
                 risk.append(per_row[keep.view(keep.shape[0], -1).any(-1)])
                 add_stats(total, batch_stats(task, out.logits, batch, token_bytes, out.depth, model.num_layers))
             rows.append(torch.cat(risk))
@@ -136,7 +138,3 @@ def threshold_sweep(
         out["bpb"] = [float(metric(s)["m/bpb"]) for s in sums]
         out["full_bpb"] = float(metric(full_total)["m/bpb"])
     return out
-
-
-def _inputs(batch: dict[str, Tensor]) -> dict[str, Tensor | None]:
-    return {"key_padding": batch.get("key_padding"), "segments": batch.get("segments")}

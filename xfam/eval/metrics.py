@@ -24,9 +24,11 @@ def batch_stats(
     depth: Tensor | None = None,
     layers: int | None = None,
 ) -> dict[str, Tensor]:
-    """Sums over one batch: ``nll``, ``count``, ``correct``, for byte-backed lm data ``bytes``, and with a
-    per-token ``depth [B, S]`` of a ``layers``-deep model, ``depth`` and ``layers`` summed over the scored
-    tokens (lm: tokens with a target; classify: real input tokens), with their count ``depth_tokens``."""
+    """Sums over one batch: ``nll``, ``count``, ``correct``, for byte-backed text ``bytes`` (lm, seq2seq: the bytes
+    the target tokens stand for), and with a per-token ``depth [B, S]`` of a ``layers``-deep model, ``depth`` and
+    ``layers`` summed over the scored tokens (per-token tasks: tokens with a target; classify: real input
+    tokens), with their count ``depth_tokens``. Per-token tasks (lm, seq2seq, mlm, tag) read ``labels [B, S]``
+    (-100 = no target), classify ``label [B]``."""
     logits = logits.float()
     if task == "classify":
         y = batch["label"]
@@ -42,7 +44,7 @@ def batch_stats(
         nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
         keep = labels != -100
         stats = {"nll": nll, "count": keep.sum().float(), "correct": ((logits.argmax(-1) == labels) & keep).sum()}
-        if token_bytes is not None and token_bytes.numel():
+        if task in ("lm", "seq2seq") and token_bytes is not None and token_bytes.numel():
             stats["bytes"] = (token_bytes[labels.clamp_min(0)] * keep).sum()
     if depth is not None and layers:
         w = torch.ones_like(depth, dtype=torch.float) if keep is None else keep.float()  # [B, S]
@@ -64,7 +66,7 @@ def summarize(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tens
     count = sums["count"].clamp_min(1)
     loss = sums["nll"] / count
     out = {f"{prefix}/loss": loss, f"{prefix}/acc": sums["correct"] / count}
-    if task == "lm":
+    if task in ("lm", "seq2seq", "mlm"):
         out[f"{prefix}/ppl"] = torch.exp(loss.clamp(max=50))
         if "bytes" in sums and sums["bytes"] > 0:
             out[f"{prefix}/bpb"] = sums["nll"] / (math.log(2) * sums["bytes"])

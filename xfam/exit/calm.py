@@ -90,10 +90,10 @@ class CALM(EarlyExitPolicy):
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
         out = []
-        if selection.task != "lm":
+        if selection.task not in ("lm", "seq2seq"):
             out.append(
-                "exit=calm exits per predicted token, but a classifier predicts once per sequence. "
-                "Fix: exit=depth_adaptive exit.classifier=sequence, or exit=none."
+                f"exit=calm exits per generated token of a causal decoder (a language model, a seq2seq decoder); "
+                f"this is a {selection.task} task. Fix: exit=depth_adaptive exit.classifier=sequence, or exit=none."
             )
         if selection.has_memory:
             out.append(

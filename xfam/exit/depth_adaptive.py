@@ -110,10 +110,10 @@ class DepthAdaptive(EarlyExitPolicy):
                 "which in a causal model would let every token see the future. Fix: exit.classifier=geometric or "
                 "multinomial (per token), or a bidirectional model."
             )
-        if kind != "sequence" and selection.task != "lm":
+        if kind != "sequence" and selection.task not in ("lm", "seq2seq"):
             out.append(
-                f"exit=depth_adaptive exit.classifier={kind} exits per predicted token, but a classifier predicts "
-                f"once per sequence. Fix: exit.classifier=sequence."
+                f"exit=depth_adaptive exit.classifier={kind} exits per generated token of a causal decoder (a "
+                f"language model, a seq2seq decoder); this is a {selection.task} task. Fix: exit.classifier=sequence."
             )
         if selection.has_memory:
             out.append("exit=depth_adaptive with memory is not implemented. Fix: memory=none.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import xfam.attention
@@ -15,17 +16,24 @@ from xfam.core.store import LongTermStore, StoreRequest
 from xfam.data.base import DATA, DataSource
 from xfam.memory._base import MEMORY
 from xfam.model.checkpoint_file import read
+from xfam.model.encoder_decoder import EncoderDecoder
 from xfam.model.long_term import open_long_term
 from xfam.model.spec import ModelSpec
 from xfam.model.transformer import XfamModel
 
 
-def data_info(source: DataSource) -> dict[str, Any]:
-    """What the model and the trainer need from a prepared data source (stored in checkpoints)."""
+def data_info(source: DataSource, task: str | None = None) -> dict[str, Any]:
+    """What the model and the trainer need from a prepared data source (stored in checkpoints). ``task``: what
+    is trained, when not the source's own (``task=mlm`` on a text source: one more token id, [MASK])."""
+    vocab, extra = source.vocab_size, {}
+    if task == "mlm":
+        vocab, extra = vocab + 1, {"mask_id": vocab}
     return {
         "name": source.registry_name,
-        "task": source.task,
-        "vocab_size": source.vocab_size,
+        "task": task or source.task,
+        **extra,
+        "bos_id": getattr(source, "bos_id", None),
+        "vocab_size": vocab,
         "num_classes": source.num_classes,
         "token_bytes": source.token_bytes,
         "pad_id": source.pad_id,
@@ -81,7 +89,7 @@ def check_checkpoint_data(
     )
 
 
-def build_model(config: Any, info: dict[str, Any]) -> XfamModel:
+def build_model(config: Any, info: dict[str, Any]) -> XfamModel | EncoderDecoder:
     """The model described by ``config`` for the data described by ``info`` (see ``data_info``).
 
     ``config``: a plain config mapping (sections model/attention/pos/memory/exit), or the ``RunConfig``
@@ -98,9 +106,13 @@ def build_model(config: Any, info: dict[str, Any]) -> XfamModel:
             "memory": {"per_layer": list(config.memory)},
             "exit": config.exit,
         }
+        enc = config.encoder
+        encoder = None if enc is None else (enc.spec, {"per_layer": list(enc.attention)}, enc.pos)
+        cross = {"per_layer": list(config.cross)} if config.cross else None
     else:
         spec = ModelSpec(**config["model"])
         slots = {slot: config[slot] for slot in ("attention", "pos", "memory", "exit")}
+        encoder, cross = _encoder_of(config, spec, info["task"])
     vocab = spec.vocab_size or info["vocab_size"]  # (model_io's rule)
     if vocab < info["vocab_size"]:
         raise ConfigError(
@@ -108,17 +120,34 @@ def build_model(config: Any, info: dict[str, Any]) -> XfamModel:
             f"some ids would be outside the embedding. Fix: model.vocab_size=null (take it from the data) or "
             f">= {info['vocab_size']}."
         )
+    if encoder is not None:
+        enc_spec, enc_attention, enc_pos = encoder
+        none = {"name": "none"}
+        enc = XfamModel(
+            enc_spec, task="encode", vocab_size=vocab, attention=enc_attention, pos=enc_pos, memory=none, exit=none
+        )
+        dec = XfamModel(spec, task="lm", vocab_size=vocab, **slots, cross=cross)
+        return EncoderDecoder(enc, dec, tie_embeddings=spec.tie_embeddings)
+    task = "lm" if info["task"] == "seq2seq" else info["task"]  # (a decoder on pairs: the source as a prefix)
     return XfamModel(
         spec,
-        task=info["task"],
+        task=task,
         vocab_size=vocab,
         num_classes=info.get("num_classes"),
-        attention=slots["attention"],
-        pos=slots["pos"],
-        memory=slots["memory"],
-        exit=slots["exit"],
+        **slots,
         stores=open_stores(slots["memory"], spec.layers),
     )
+
+
+def _encoder_of(config: dict[str, Any], spec: ModelSpec, task: str) -> tuple[tuple | None, dict | None]:
+    """From a plain config: the encoder ``(spec, attention, pos)`` and the cross-attention config of an
+    encoder-decoder, or ``(None, None)`` (a checkpoint written before encoder-decoders has neither section)."""
+    if spec.arch_for(task) != "encoder_decoder":
+        return None, None
+    enc = config.get("encoder") or {}
+    enc_spec = dataclasses.replace(spec, layers=enc.get("layers") or spec.layers, causal=False)
+    encoder = (enc_spec, enc.get("attention") or config["attention"], enc.get("pos") or config["pos"])
+    return encoder, config.get("cross_attention") or {"name": "vanilla"}
 
 
 def open_stores(memory: dict[str, Any], layers: int) -> dict[int, LongTermStore]:

@@ -25,6 +25,8 @@ class Selection:
     ``attention`` lists ``(class, params, per_head)`` for every distinct layer/group configuration;
     ``memory`` lists ``(class, params)`` per layer. ``num_mem_kv`` / ``num_memory_tokens``: the model
     options of the same names; ``documents``: the data marks documents in packed rows (``doc_mask``).
+    ``arch``: the model shape (``model.arch`` resolved); ``cross``: an encoder-decoder's cross-attention
+    ``(class, params)`` per distinct configuration (empty for one stack).
     """
 
     attention: list[tuple[type[AttentionMechanism], dict[str, Any], bool]]
@@ -38,6 +40,8 @@ class Selection:
     num_mem_kv: int = 0
     num_memory_tokens: int = 0
     documents: bool = False
+    arch: str = "decoder"
+    cross: list[tuple[type[AttentionMechanism], dict[str, Any]]] = dataclasses.field(default_factory=list)
 
     @property
     def has_memory(self) -> bool:
@@ -167,6 +171,36 @@ def _model_option_reasons(sel: Selection) -> list[str]:
     return out
 
 
+def _encoder_decoder_reasons(sel: Selection) -> list[str]:
+    """An encoder-decoder's decoder: what its cross-attention must be, and what it cannot carry."""
+    out = []
+    for att, params in sel.cross:
+        if not att.cross_attention:
+            names = ", ".join(Selection.alternatives("attention", lambda c: c.cross_attention))
+            out.append(
+                f"cross_attention={att.registry_name} cannot attend over another sequence: its pattern is defined by "
+                f"positions that queries and keys share (windows, blocks, buckets of one sequence). "
+                f"Fix: cross_attention.name in [{names}]."
+            )
+        elif params.get("gate"):
+            out.append(
+                f"cross_attention={att.registry_name} gate=true: RFA's gate is a recency gate over a causal stream, "
+                f"and cross-attention has no order over the source. Fix: cross_attention.gate=false."
+            )
+    if sel.has_memory:
+        out.append(
+            "memory with model.arch=encoder_decoder: the memory slot's methods carry states from one segment of a "
+            "long stream to the next (or retrieve from it); an encoder-decoder reads independent source/target "
+            "pairs, so there is no stream to carry. Fix: memory=none (or a decoder language model for memory)."
+        )
+    if sel.reversible:
+        out.append(
+            "model.reversible=true with model.arch=encoder_decoder: the reversible stack recomputes self-attention "
+            "and FFN sublayers only, not cross-attention. Fix: model.reversible=false."
+        )
+    return out
+
+
 def _alternatives(slot: str, ok: Any) -> str:
     names = Selection.alternatives(slot, ok)
     return f"{slot} in [{', '.join(names)}]" if names else f"no {slot} component"
@@ -194,6 +228,8 @@ def check(sel: Selection) -> list[str]:
     if sel.reversible:
         problems += _reversible_reasons(sel)
     problems += _model_option_reasons(sel)
+    if sel.arch == "encoder_decoder":
+        problems += _encoder_decoder_reasons(sel)
     return list(dict.fromkeys(problems))
 
 

@@ -14,6 +14,10 @@ class ModelSpec:
 
     Attributes:
         name: preset name, recorded for reports.
+        arch: ``decoder`` (one causal stack), ``encoder`` (one bidirectional stack: classifiers, masked LM,
+            tagging), ``encoder_decoder`` (``xfam.model.encoder_decoder``: source pairs, ``task=seq2seq``), or
+            ``auto``: from the task (seq2seq -> encoder_decoder, lm -> decoder, the others -> encoder). A
+            decoder on seq2seq pairs reads the source as a prefix of the target.
         dim: model width D.
         layers: number of blocks L.
         heads: query heads H (must divide ``dim`` unless ``head_dim`` is set).
@@ -48,6 +52,7 @@ class ModelSpec:
     """
 
     name: str = "custom"
+    arch: Literal["auto", "decoder", "encoder", "encoder_decoder"] = "auto"
     dim: Annotated[int, Positive] = 256
     layers: Annotated[int, Positive] = 4
     heads: Annotated[int, Positive] = 4
@@ -69,6 +74,12 @@ class ModelSpec:
     ffn_chunks: Annotated[int, Positive] = 1
     num_mem_kv: Annotated[int, NonNegative] = 0
     num_memory_tokens: Annotated[int, NonNegative] = 0
+
+    def arch_for(self, task: str) -> str:
+        """``arch``, with ``auto`` resolved from the task: seq2seq -> encoder_decoder, lm -> decoder, else encoder."""
+        if self.arch != "auto":
+            return self.arch
+        return {"seq2seq": "encoder_decoder", "lm": "decoder"}.get(task, "encoder")
 
     @property
     def n_kv_heads(self) -> int:

@@ -185,7 +185,7 @@ class XfamModel(nn.Module):
         plan = plan_call(tokens, key_padding, segments, cache, self.aux_tokens, self.aux_doc)
         x = self.embed_rows(tokens, plan)  # [B, G + S, D]
         retrieved = None  # an output memory's (SPALM's) neighbours of every position, mixed into the head's input
-        if self.output_memory is not None and cache is None:  # (generation refuses models with memory)
+        if self.output_memory is not None and cache is None:  # (memory models generate without a decode cache)
             retrieved = self.output_memory.retrieve(tokens, key_padding, segments)
         stack = Stack(
             self, plan, memory=memory, cache=cache, targets=targets, retrieved=retrieved, dtype=x.dtype, source=source

@@ -5,11 +5,18 @@ Nothing is written before every check has passed, and an existing run is never o
 fresh start in a directory that already holds a run is refused (``ckpt_path=auto`` continues it).
 A launch that fails before its first checkpoint removes what it wrote, so the corrected command
 runs in a clean directory.
+
+Fine-tuning (``init_from``, ``xfam.model.init_from``): a fresh start loads the checkpoint's matching weights
+into the model once it is built, before anything is written, and logs the table of what was loaded; a resumed
+run (``ckpt_path=auto`` after a stop) takes its own checkpoint's weights instead, and the list of loaded
+parameters that the first start recorded in its checkpoints (``FinetuneRecord``), so the optimiser's groups
+are the same again. ``finetune.freeze`` applies to both.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -26,6 +33,7 @@ from xfam.core.errors import ConfigError
 from xfam.core.logs import log
 from xfam.model import checkpoint
 from xfam.model.build import build_data, check_checkpoint_data, data_info
+from xfam.model.init_from import ParamSplit, freeze, grouped_names, init_from, mark_split
 from xfam.training.allocator import keep_freed_memory
 
 
@@ -140,14 +148,16 @@ def remove_new(run_dir: Path, before: set[Path]) -> None:
             folder.rmdir()
 
 
-def check_resume(ckpt: str, cfg: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """Refuse a checkpoint whose architecture differs from the config's; returns its step and its ``xfam``
-    metadata (read once: a checkpoint is loaded and its digest checked here, then by Lightning only)."""
+def check_resume(ckpt: str, cfg: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+    """Refuse a checkpoint whose architecture differs from the config's; returns its step, its ``xfam``
+    metadata and the ``FinetuneRecord`` of a fine-tuning run (None otherwise) (read once: a checkpoint is
+    loaded and its digest checked here, then by Lightning only)."""
     saved = checkpoint.read(ckpt)
     diff = checkpoint.architecture_diff(saved["xfam"]["config"], cfg)
     if diff:
         raise architecture_error(ckpt, diff)
-    return int(saved.get("global_step", 0)), saved["xfam"]
+    record = saved.get("callbacks", {}).get(FinetuneRecord.__qualname__)
+    return int(saved.get("global_step", 0)), saved["xfam"], record
 
 
 def architecture_error(ckpt: str | Path, diff: list[str]) -> ConfigError:
@@ -158,16 +168,84 @@ def architecture_error(ckpt: str | Path, diff: list[str]) -> ConfigError:
     )
 
 
+class FinetuneRecord(L.Callback):
+    """Keeps in every checkpoint of a fine-tuning run (as Lightning's state of this callback) the checkpoint it
+    started from and the parameters loaded from it, so a resumed run splits its optimiser's groups the same way
+    without reading that file again."""
+
+    def __init__(self, record: dict[str, Any]):
+        self.record = record
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.record)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.record = dict(state_dict)
+
+
+def prepare_finetune(
+    rc: RunConfig, model: Any, info: dict[str, Any], ckpt: str | None, record: dict[str, Any] | None
+) -> tuple[list[str], list[L.Callback]]:
+    """Load ``init_from``'s weights into ``model`` on a fresh start (``ckpt`` None), freeze ``finetune.freeze``,
+    and mark the optimiser's split of a fine-tuning run (``record``: the one a resumed checkpoint holds). Returns
+    the messages to log (the table of what was loaded) and the callback that records the split."""
+    spec, path, messages = rc.finetune, rc.run.init_from, []
+    if ckpt is None and path is not None:
+        report = init_from(model, path, spec, info)
+        messages.append(report.table())
+        record = {"init_from": str(path), "loaded": sorted(report.loaded_params)}
+    elif path is not None:
+        started = "it began from it" if record is not None else "a run that did not begin from it"
+        messages.append(f"init_from={path}: not loaded, resuming {ckpt} ({started}), which holds the run's weights")
+    if spec.freeze:
+        frozen = set(freeze(model, spec.freeze))
+        values = sum(p.numel() for n, p in model.named_parameters() if n in frozen)
+        total = sum(p.numel() for p in model.parameters())
+        messages.append(
+            f"finetune.freeze: {len(frozen)} tensors frozen ({values} of {total} values): "
+            + ", ".join(grouped_names(sorted(frozen)))
+        )
+    if record is None:
+        return messages, []
+    mark_split(model, ParamSplit(loaded=frozenset(record["loaded"]), lr_loaded=spec.lr_loaded, lr_new=spec.lr_new))
+    return messages, [FinetuneRecord(record)]
+
+
+#: How ``describe`` names a model shape and its task.
+SHAPES = {
+    ("decoder", "lm"): "causal LM",
+    ("encoder", "classify"): "bidirectional classifier",
+    ("decoder", "classify"): "causal classifier",
+    ("encoder", "mlm"): "bidirectional masked LM",
+    ("encoder", "tag"): "bidirectional tagger",
+    ("decoder", "tag"): "causal tagger",
+    ("encoder_decoder", "seq2seq"): "encoder-decoder",
+    ("decoder", "seq2seq"): "decoder-only seq2seq (source as a prefix)",
+}
+
+
 def describe(rc: RunConfig, module: L.LightningModule, source: Any) -> str:
     spec, cfg = rc.spec, rc.raw
     n = sum(p.numel() for p in module.model.parameters())
     slots = "  ".join(f"{s}={cfg[s]['name']}" for s in ("attention", "pos", "memory", "exit"))  # (as configured)
     return (
         f"model {spec.name}: {spec.layers} layers x {spec.dim} wide, {spec.heads} heads, "
-        f"{n / 1e6:.2f}M parameters, {'causal LM' if module.task == 'lm' else 'bidirectional classifier'}\n"
+        f"{n / 1e6:.2f}M parameters, {SHAPES.get((rc.arch, rc.task), rc.arch + ' ' + rc.task)}\n"
         f"  slots: {slots}\n"
+        f"{_encoder_line(rc)}"
         f"  data {cfg['data']['name']}: vocab {source.vocab_size}, seq_len {source.seq_len}, "
         f"batch {source.batch_size}, fingerprint {source.fingerprint}"
+    )
+
+
+def _encoder_line(rc: RunConfig) -> str:
+    """The encoder stack and cross-attention of an encoder-decoder, for ``describe``."""
+    if rc.encoder is None:
+        return ""
+    enc = rc.encoder
+    return (
+        f"  encoder: {enc.spec.layers} layers, attention={enc.attention[0]['name']} pos={enc.pos['name']}; "
+        f"decoder cross_attention={rc.cross[0]['name']}\n"
     )
 
 
@@ -185,24 +263,30 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
     """The run of a validated config: ``rc``'s typed fields drive it; its plain dict (``rc.raw``) is what the
     checkpoints, the run record and the trainer's loggers get, and what the data section is read from."""
     from xfam.data.module import XfamDataModule
+    from xfam.data.tasks import task_collate
     from xfam.training.lit.module import XfamLitModule
     from xfam.training.lit.trainer import make_trainer
 
     cfg = rc.raw
     log.info(keep_freed_memory())
     ckpt = resolve_checkpoint(rc.run.ckpt_path, run_dir, cfg)
-    resumed_at, meta = check_resume(ckpt, cfg) if ckpt is not None else (0, None)
+    resumed_at, meta, record = check_resume(ckpt, cfg) if ckpt is not None else (0, None, None)
     L.seed_everything(rc.run.seed, workers=True, verbose=False)
     source = build_data(cfg)
     source.prepare()
-    info = data_info(source)
+    info = data_info(source, rc.task)
     if ckpt is not None:
         check_checkpoint_data(ckpt, cfg, info, meta)  # the checkpoint's model must fit this data
     module = XfamLitModule(rc, info)  # builds the model: vocabulary and size errors surface here
+    finetuning, finetune_callbacks = prepare_finetune(rc, module.model, info, ckpt, record)
     check_room(run_dir, module)
     log.info(rc.streams_why)
-    datamodule = XfamDataModule(source, seed=rc.run.seed, streams=rc.streams, num_workers=rc.loader.num_workers)
-    trainer = make_trainer(cfg, run_dir, callbacks or [], resume_step=resumed_at)
+    masking = dataclasses.asdict(rc.task_spec)
+    collate = task_collate(source, info, arch=rc.arch, masking=masking, seed=rc.run.seed)
+    datamodule = XfamDataModule(
+        source, seed=rc.run.seed, streams=rc.streams, num_workers=rc.loader.num_workers, collate=collate
+    )
+    trainer = make_trainer(cfg, run_dir, [*(callbacks or []), *finetune_callbacks], resume_step=resumed_at)
     handler = write_record(run_dir, cfg, source)
     try:
         log.info("run directory: %s", run_dir)
@@ -211,6 +295,8 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
             done = " (max_steps reached: nothing left to train, evaluating)" if 0 < max_steps <= resumed_at else ""
             log.info("resuming from %s at step %d%s", ckpt, resumed_at, done)
         log.info(describe(rc, module, source))
+        for message in finetuning:
+            log.info(message)
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         done = trainer.callback_metrics  # after ddp_spawn only these come back to this process
         result: dict[str, Any] = {

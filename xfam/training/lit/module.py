@@ -16,6 +16,7 @@ DataLoader iterator already exists.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -27,10 +28,14 @@ from torch import Tensor
 
 from xfam.config.run import RunConfig
 from xfam.config.specs import OptimSpec
+from xfam.config.task import TaskSpec
 from xfam.core.logs import log_once, quiet_lightning
 from xfam.eval.carry import Carry, carried_inputs, next_carry
+from xfam.eval.forward import forward_batch
 from xfam.eval.inference import compares_full_depth, full_depth_stats, summarize_full_depth
 from xfam.eval.metrics import add_stats, batch_stats, summarize
+from xfam.eval.outputs import GeneratedTexts
+from xfam.eval.text_metrics import text_metrics
 from xfam.model.build import build_model
 from xfam.model.checkpoint import metadata
 from xfam.model.transformer import ModelOutput
@@ -82,18 +87,13 @@ class XfamLitModule(L.LightningModule):
         self._eval_memory: Carry | None = None
         self._resume: dict[str, Any] | None = None
         self._sums: dict[str, Tensor] = {}
+        self._texts: GeneratedTexts | None = None  # seq2seq: the generated outputs of this evaluation
 
     # -- steps -----------------------------------------------------------------------------------
     def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
         """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
-        targets = batch["labels" if self.task == "lm" else "label"] if train else None
-        return self.model(
-            batch["input_ids"],
-            key_padding=batch.get("key_padding"),
-            segments=batch.get("segments"),
-            memory=memory,
-            targets=targets,
-        )
+        targets = batch["label" if self.task == "classify" else "labels"] if train else None
+        return forward_batch(self.model, batch, memory=memory, targets=targets)
 
     def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return batch_stats(self.task, out.logits, batch, self.token_bytes, out.depth, self.model.num_layers)
@@ -145,13 +145,21 @@ class XfamLitModule(L.LightningModule):
 
     def _accumulate(self, out: ModelOutput, batch: dict[str, Tensor]) -> None:
         add_stats(self._sums, self._stats(out, batch))
+        if self._texts is not None:
+            self._texts.add(self.model, batch)
         add_stats(self._sums, {f"aux/{k}": v for k, v in out.aux.items()})
         if compares_full_depth(self.model):  # early exit: the full-depth model's metrics and the agreement
             add_stats(self._sums, full_depth_stats(self.model, batch, self.task, self.token_bytes, out.logits))
         self._sums["batches"] = self._sums.get("batches", 0) + 1
 
+    @functools.cached_property
+    def task_spec(self) -> TaskSpec:
+        """The ``task`` section (a checkpoint of a run before it had one: the defaults)."""
+        return self.run_config.task_spec if self.run_config is not None else TaskSpec(**self.config.get("task", {}))
+
     def on_validation_epoch_start(self) -> None:
         self._sums = {}
+        self._texts = GeneratedTexts(self.data_info, self.task_spec) if self.task == "seq2seq" else None
         self._eval_memory = None  # each evaluation starts its streams afresh
 
     on_test_epoch_start = on_validation_epoch_start
@@ -172,8 +180,23 @@ class XfamLitModule(L.LightningModule):
         metrics = summarize(sums, self.task, prefix)  # (reads only its own keys, not full/...)
         if "agree" in sums:
             metrics |= summarize_full_depth(sums, self.task, prefix)
+        metrics |= self._text_metrics(prefix)
         self.log_dict({k: v.float() for k, v in metrics.items()}, prog_bar=prefix == "val", sync_dist=False)
         self._sums = {}
+
+    def _text_metrics(self, prefix: str) -> dict[str, Tensor]:
+        """BLEU, chrF and exact match of the generated outputs of every rank (``_generate``)."""
+        if self._texts is None:
+            return {}
+        texts, self._texts = self._texts.pairs, None
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ranks: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(ranks, texts)
+            texts = [t for r in ranks for t in r]
+        if not texts:
+            return {}
+        scores = text_metrics([h for h, _ in texts], [r for _, r in texts])
+        return {f"{prefix}/{k}": torch.tensor(v, device=self.device) for k, v in scores.items()}
 
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:

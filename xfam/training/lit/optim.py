@@ -1,4 +1,10 @@
-"""AdamW with decay/no-decay parameter groups and a warmup + decay learning-rate schedule."""
+"""AdamW with decay/no-decay parameter groups and a warmup + decay learning-rate schedule.
+
+A fine-tuning run (``init_from``, ``xfam.model.init_from``) splits each of the two groups once more, into the
+parameters loaded from the checkpoint and the new ones, each with its own learning rate (``finetune.lr_loaded``,
+``finetune.lr_new``); the schedule multiplies every group's base learning rate. Frozen parameters
+(``finetune.freeze``) are in no group.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +14,40 @@ import torch
 from torch import nn
 
 from xfam.config.specs import OptimSpec
+from xfam.model.init_from import ParamSplit, split_of, split_params
 
 LINEAR_MAPS = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
 
 
-def param_groups(model: nn.Module, spec: OptimSpec) -> list[dict]:
+def param_groups(model: nn.Module, spec: OptimSpec, split: ParamSplit | None = None) -> list[dict]:
     """Weight matrices of linear maps decay: ``weight`` of ``nn.Linear`` and the convolutions, and the matrices a
     component names in its ``decay_params`` (Linformer's length projections, Sinkhorn's sorting network, XL's
     W_R). Nothing else does, as in GPT-2/minGPT: biases and bias vectors (XL's u, v), norm gains, per-head
     scalars, relative-position tables (T5, Shaw), persistent memory vectors and, unless ``decay_embeddings``,
     ``nn.Embedding`` tables (tokens, learned positions, memory tokens). Decaying those only shrinks them
-    towards zero, which for a table means its rarely-seen rows."""
+    towards zero, which for a table means its rarely-seen rows.
+
+    Two groups, decay and no decay; with a fine-tuning ``split``, four named ones, always in this order and
+    each kept even when empty (a resumed run's optimizer state maps onto them): ``loaded``, ``loaded_no_decay``
+    (at ``split.lr_loaded``), ``new``, ``new_no_decay`` (at ``split.lr_new``; null: ``spec.lr``)."""
+    decay, no_decay = _decay_split(model, spec)
+    if split is None:
+        return [
+            {"params": decay, "weight_decay": spec.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+    loaded = {id(p) for p in split_params(model, split.loaded)[0]}
+    groups = []
+    for part, lr, was_loaded in (("loaded", split.lr_loaded, True), ("new", split.lr_new, False)):
+        for suffix, params, wd in (("", decay, spec.weight_decay), ("_no_decay", no_decay, 0.0)):
+            group = [p for p in params if (id(p) in loaded) == was_loaded]
+            lr = spec.lr if lr is None else lr
+            groups.append({"params": group, "weight_decay": wd, "lr": lr, "name": part + suffix})
+    return groups
+
+
+def _decay_split(model: nn.Module, spec: OptimSpec) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The trainable parameters (each once), split into those that decay and the others (``param_groups``)."""
     decayed: set[int] = set()
     for m in model.modules():
         names = ("weight",) if isinstance(m, LINEAR_MAPS) else getattr(m, "decay_params", ())
@@ -31,10 +60,7 @@ def param_groups(model: nn.Module, spec: OptimSpec) -> list[dict]:
             continue
         seen.add(id(p))
         (decay if id(p) in decayed else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": spec.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    return decay, no_decay
 
 
 def lr_factor(step: int, spec: OptimSpec, total_steps: int) -> float:
@@ -51,14 +77,20 @@ def lr_factor(step: int, spec: OptimSpec, total_steps: int) -> float:
 
 
 def make_optimizer(model: nn.Module, spec: OptimSpec, total_steps: int, fused: bool = False) -> dict:
-    """What ``LightningModule.configure_optimizers`` returns: AdamW stepped with a per-step schedule.
+    """What ``LightningModule.configure_optimizers`` returns: AdamW stepped with a per-step schedule. The
+    parameter groups are split for fine-tuning when the runner marked ``model`` with a ``ParamSplit``
+    (``xfam.model.init_from.mark_split``).
 
     ``fused`` selects PyTorch's fused AdamW kernel (2.5x faster than the default step on CPU in
     ``scripts/bench_train.py``'s profile); Lightning refuses it with gradient clipping under
     mixed precision, so the module asks for it only at full precision.
     """
     opt = torch.optim.AdamW(
-        param_groups(model, spec), lr=spec.lr, betas=tuple(spec.betas), eps=spec.eps, fused=fused or None
+        param_groups(model, spec, split_of(model)),
+        lr=spec.lr,
+        betas=tuple(spec.betas),
+        eps=spec.eps,
+        fused=fused or None,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, spec, total_steps))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
