@@ -34,8 +34,9 @@ def make(
     cross: dict | None = None,
     pos: dict | None = None,
     tie: bool = False,
+    max_len: int = 64,
 ) -> EncoderDecoder:
-    common = dict(dim=dim, heads=heads, head_dim=head_dim, bias=bias, norm_position=norm_position, max_len=64)
+    common = dict(dim=dim, heads=heads, head_dim=head_dim, bias=bias, norm_position=norm_position, max_len=max_len)
     enc = XfamModel(
         ModelSpec(**common, layers=enc_layers, causal=False),
         task="encode",
@@ -215,12 +216,16 @@ def test_tied_embeddings_are_one_matrix():
     assert sum(p.numel() for p in m.parameters()) < sum(p.numel() for p in make().parameters()) - 2 * V * 32 + 1
 
 
-@pytest.mark.parametrize("attention", ["vanilla", "local", "performer", "rfa"])
+DECODERS = [{"name": n} for n, cls in sorted(ATTENTION.items()) if cls.causal] + [{"name": "local", "window": 3}]
+
+
+@pytest.mark.parametrize("attention", DECODERS, ids=lambda a: "-".join(str(v) for v in a.values()))
 @torch.no_grad()
 def test_cached_decoding_with_each_decoder_self_attention(attention):
-    """The decoder's own mechanism decodes with its own state (a key/value cache, a window, running sums)."""
+    """Every causal mechanism decodes the decoder with its own state (a key/value cache, a window, running sums,
+    buckets) and equals one full pass; ``local window=3`` with a window shorter than the target."""
     torch.manual_seed(0)
-    m = make(attention={"name": attention, **({"window": 3} if attention == "local" else {})})
+    m = make(attention=attention, max_len=64 if attention.get("window") else 1024)  # (defaults fit 1024)
     src, tgt, pad = batch(st=7)
     full = m(src, decoder_input_ids=tgt, key_padding=pad).logits
     out, steps = None, []
