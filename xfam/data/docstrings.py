@@ -104,6 +104,28 @@ def file_entries(chosen: dict[str, list[tuple[str, Path]]]) -> list[dict[str, An
     return entries
 
 
+def fraction_problems(params: dict[str, Any]) -> list[str]:
+    """``val_fraction + test_fraction`` of a source split by standard-library file must leave files to train on."""
+    total = params["val_fraction"] + params["test_fraction"]
+    if total >= 1:
+        return [
+            f"val_fraction + test_fraction = {total:g} leaves no file for training. Fix: make their sum < 1 "
+            "(e.g. 0.05 each)."
+        ]
+    return []
+
+
+def stdlib_corpus(
+    val_fraction: float, test_fraction: float, seed: int, max_files: int | None, owner: str, version: str
+) -> tuple[dict[str, list[tuple[str, Path]]], list[dict[str, Any]], str]:
+    """The standard-library files of each split (``stdlib_files``), their manifest entries (``file_entries``) and
+    a fingerprint of them, the Python version and the extraction ``version``."""
+    chosen = stdlib_files(val_fraction, test_fraction, seed, max_files, owner)
+    entries = file_entries(chosen)
+    python = sys.version.split()[0]
+    return chosen, entries, short_hash(FORMAT, version, python, [(e["path"], e["sha256"], e["split"]) for e in entries])
+
+
 def decode_source(data: bytes) -> str | None:
     """A Python file's text under its declared encoding (PEP 263; a UTF-8 BOM dropped), None if it does not decode."""
     try:
@@ -262,13 +284,7 @@ class Docstrings(Seq2SeqSource):
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Any) -> list[str]:
-        total = params["val_fraction"] + params["test_fraction"]
-        if total >= 1:
-            return [
-                f"val_fraction + test_fraction = {total:g} leaves no file for training. Fix: make their sum < 1 "
-                "(e.g. 0.05 each)."
-            ]
-        return []
+        return fraction_problems(params)
 
     def prepare(self) -> None:
         if getattr(self, "_splits", None):
@@ -276,10 +292,9 @@ class Docstrings(Seq2SeqSource):
         from datasets import Features, List, Value
 
         owner = self.registry_name or "docstrings"
-        chosen = stdlib_files(self.val_fraction, self.test_fraction, self.seed, self.max_files, owner)
-        entries = file_entries(chosen)
-        python = sys.version.split()[0]
-        corpus_fp = short_hash(FORMAT, VERSION, python, [(e["path"], e["sha256"], e["split"]) for e in entries])
+        chosen, entries, corpus_fp = stdlib_corpus(
+            self.val_fraction, self.test_fraction, self.seed, self.max_files, owner, VERSION
+        )
         self.fingerprint = short_hash(corpus_fp, self.max_pairs, self.source_len, self.target_len, self.truncate)
         features = Features(
             {
@@ -325,7 +340,7 @@ class Docstrings(Seq2SeqSource):
             "source": "docstrings",
             "extraction": VERSION,
             "root": str(stdlib_root()),
-            "python": python,
+            "python": sys.version.split()[0],
             "seed": self.seed,
             "max_files": self.max_files,
             "max_pairs": self.max_pairs,

@@ -56,8 +56,8 @@ from xfam.core.errors import ConfigError
 from xfam.core.registry import Range
 from xfam.data.base import DATA, DataSource
 from xfam.data.cache import cached_generate, ids_problem
-from xfam.data.docstrings import decode_source, file_entries, stdlib_files
-from xfam.data.packing import FORMAT, SPLITS, get_split
+from xfam.data.docstrings import decode_source, fraction_problems, stdlib_corpus
+from xfam.data.packing import SPLITS, get_split
 from xfam.data.text import _read_documents, stdlib_root
 from xfam.data.tokenize import short_hash
 
@@ -207,13 +207,7 @@ class PyTokens(DataSource):
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Any) -> list[str]:
-        total = params["val_fraction"] + params["test_fraction"]
-        if total >= 1:
-            return [
-                f"val_fraction + test_fraction = {total:g} leaves no file for training. Fix: make their sum < 1 "
-                "(e.g. 0.05 each)."
-            ]
-        return []
+        return fraction_problems(params)
 
     def prepare(self) -> None:
         if getattr(self, "_splits", None):
@@ -221,10 +215,9 @@ class PyTokens(DataSource):
         from datasets import Features, List, Value
 
         owner = self.registry_name or "pytokens"
-        chosen = stdlib_files(self.val_fraction, self.test_fraction, self.seed, self.max_files, owner)
-        entries = file_entries(chosen)
-        python = sys.version.split()[0]
-        corpus_fp = short_hash(FORMAT, VERSION, python, [(e["path"], e["sha256"], e["split"]) for e in entries])
+        chosen, entries, corpus_fp = stdlib_corpus(
+            self.val_fraction, self.test_fraction, self.seed, self.max_files, owner, VERSION
+        )
         self.fingerprint = short_hash(corpus_fp, self.seq_len)
         features = Features(
             {"path": Value("string"), "input_ids": List(Value("uint8")), "labels": List(Value("uint8"))}
@@ -252,7 +245,7 @@ class PyTokens(DataSource):
             "source": "pytokens",
             "labeller": VERSION,
             "root": str(stdlib_root()),
-            "python": python,
+            "python": sys.version.split()[0],
             "classes": list(CLASSES),
             "seed": self.seed,
             "max_files": self.max_files,

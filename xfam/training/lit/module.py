@@ -6,6 +6,9 @@ hyperparameters record, so a checkpoint loads anywhere. Metrics:
 
 * lm: loss (mean NLL per target token), perplexity, bits per byte = summed NLL / (ln 2 * bytes
   the targets stand for), next-token accuracy;
+* seq2seq: the same over the target tokens, plus BLEU, chrF and exact match of the outputs generated for
+  the first ``task.eval_generate_rows`` rows of each evaluation (``xfam.eval.outputs``);
+* mlm: loss, perplexity and accuracy on the masked tokens; tag: loss and accuracy per token;
 * classify: loss, accuracy.
 
 Exact resume (docs/architecture.md): the checkpoint stores the number of batches consumed in the
@@ -185,7 +188,7 @@ class XfamLitModule(L.LightningModule):
         self._sums = {}
 
     def _text_metrics(self, prefix: str) -> dict[str, Tensor]:
-        """BLEU, chrF and exact match of the generated outputs of every rank (``_generate``)."""
+        """BLEU, chrF and exact match of the generated outputs of every rank (``GeneratedTexts``)."""
         if self._texts is None:
             return {}
         texts, self._texts = self._texts.pairs, None
