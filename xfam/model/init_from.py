@@ -16,7 +16,8 @@ happens to each tensor of the new model:
   (2023, "Extending Context Window of Large Language Models via Positional Interpolation", arXiv:2306.15595)
   do for RoPE, applied to a learned table. (RoPE's own interpolation is ``pos.interpolation``: no tensor
   changes.) Resized tensors train at ``finetune.lr_new``;
-* **dropped**: in the checkpoint, not in this model (a memory removed; a tied head where this model ties none).
+* **dropped**: in the checkpoint, not in this model (a memory removed; a separate head where this model ties it
+  to the embedding).
 
 Buffers: persistent buffers (Performer's and RFA's random features, Routing's centroids) are matched like
 parameters (they are what the loaded weights were trained with), and are reported as buffers; they never
