@@ -10,6 +10,7 @@ import torch
 
 import xfam
 from tests.integration.helpers import TINY, compose_cfg, run_cli, text_data
+from xfam.eval.loop import evaluate_split
 from xfam.model.encoder_decoder import EncoderDecoder
 from xfam.training.runner import train
 
@@ -36,6 +37,11 @@ def test_each_task_trains_and_its_checkpoint_loads(case: str, corpus: Path, tmp_
     assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if v is not None and k != "step")
     model, meta = xfam.load_model(tmp_path / "checkpoints" / "last.ckpt")
     assert isinstance(model, EncoderDecoder) == (case in ("encoder_decoder", "calm_decoder"))
+    if case == "calm_decoder":  # inference options of the decoder's exit policy, as on a decoder LM
+        res = evaluate_split(
+            str(tmp_path / "checkpoints" / "last.ckpt"), "test", None, 1, "cpu", ["exit.threshold=0.5"]
+        )
+        assert "test/agreement" in res.metrics and "test/bleu" in res.metrics
     assert meta["data_info"]["task"] == (
         "seq2seq" if case in ("encoder_decoder", "decoder_prefix", "calm_decoder") else case
     )

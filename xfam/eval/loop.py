@@ -223,7 +223,9 @@ def evaluate_split(
     meta = {**meta, "config": config}
     token_bytes = torch.tensor(info["token_bytes"], device=device) if info.get("token_bytes") else None
     sums: dict[str, torch.Tensor] = {}
-    texts = GeneratedTexts(info, TaskSpec(**config.get("task", {}))) if info["task"] == "seq2seq" else None
+    texts = None
+    if info["task"] == "seq2seq":
+        texts = GeneratedTexts(info, TaskSpec(**config.get("task", {})), config["data"].get("target_len"))
     for batch, out in split_outputs(model, meta, split, batch_size, limit, device, "eval", rebuilt=rebuilt):
         add_stats(sums, batch_stats(info["task"], out.logits, batch, token_bytes, out.depth, model.num_layers))
         if texts is not None:  # generated outputs, scored as text (BLEU, chrF, exact match)

@@ -71,8 +71,10 @@ class GeneratedTexts:
     """The generated and reference texts of one evaluation of a seq2seq model: the first
     ``spec.eval_generate_rows`` rows it is shown (``add``), decoded as ``spec`` says (greedy or beam search)."""
 
-    def __init__(self, info: dict[str, Any], spec: TaskSpec):
+    def __init__(self, info: dict[str, Any], spec: TaskSpec, target_len: int | None = None):
+        """``target_len``: the data's (BOS included), the longest output unless ``spec.max_new_tokens`` says."""
         self.info, self.spec = info, spec
+        self.max_new_tokens = spec.max_new_tokens or target_len
         state = info.get("tokenizer")
         self.tokenizer = tokenizer_from_state(state) if state else None
         self.pairs: list[tuple[str, str]] = []  # (generated, reference)
@@ -89,7 +91,7 @@ class GeneratedTexts:
             rows,
             bos_id=self.info["bos_id"],
             eos_id=eos,
-            max_new_tokens=self.spec.max_new_tokens or batch["labels"].shape[1],
+            max_new_tokens=self.max_new_tokens or batch["labels"].shape[1],  # (never the references' own length)
             beam_size=self.spec.beam_size,
             length_penalty=self.spec.length_penalty,
         )

@@ -41,6 +41,11 @@ class EncoderDecoder(nn.Module):
         self.output_memory = None
 
     @property
+    def head(self) -> nn.Module:
+        """The decoder's output layer (what per-layer exit classifiers are sized by)."""
+        return self.decoder.head
+
+    @property
     def blocks(self) -> nn.ModuleList:
         """The decoder's blocks (what exit policies and per-layer reports inspect)."""
         return self.decoder.blocks

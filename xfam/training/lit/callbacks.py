@@ -77,7 +77,10 @@ class Throughput(L.Callback):
         self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         dt = time.perf_counter() - self._t0
-        rate = batch["input_ids"].numel() * trainer.world_size / max(dt, 1e-9)
+        tokens = batch["input_ids"].numel() + (
+            batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0
+        )
+        rate = tokens * trainer.world_size / max(dt, 1e-9)  # (an encoder-decoder's: source + target tokens)
         module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
         if batch_idx >= self.warmup_steps:
             self.rates.append(rate)

@@ -162,7 +162,8 @@ class XfamLitModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._sums = {}
-        self._texts = GeneratedTexts(self.data_info, self.task_spec) if self.task == "seq2seq" else None
+        if self.task == "seq2seq":
+            self._texts = GeneratedTexts(self.data_info, self.task_spec, self.config["data"].get("target_len"))
         self._eval_memory = None  # each evaluation starts its streams afresh
 
     on_test_epoch_start = on_validation_epoch_start
