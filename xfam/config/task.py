@@ -18,8 +18,6 @@ from typing import Annotated, Literal
 
 from xfam.core.registry import NonNegative, Positive, Probability
 
-Task = Literal["lm", "mlm", "classify", "tag", "seq2seq"]
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskSpec:
