@@ -28,6 +28,16 @@ def index_rows(x: Any, rows: Tensor) -> Any:
     return x
 
 
+def reorder_beams(cache: DecodeCache, rows: Tensor) -> DecodeCache:
+    """Beam search's ``reorder`` of the decode cache. Its first call expands B inputs to B*K beam rows; every later
+    one keeps each row among its own input's K beams, whose source is the same, so the source and its projected
+    cross-attention keys and values (the largest tensors of the cache) are gathered only in the first call."""
+    if rows.numel() != cache.source.hidden.shape[0]:  # (the expansion)
+        return index_rows(cache, rows)
+    layers, pad = index_rows(cache.layers, rows), index_rows(cache.key_padding, rows)
+    return DecodeCache(cache.length, layers, pad, cache.source)
+
+
 @torch.no_grad()
 def translate(
     model: EncoderDecoder,
@@ -66,7 +76,7 @@ def translate(
     kw = dict(batch_size=source.shape[0], bos_id=bos_id, eos_id=eos_id, max_len=max_new_tokens, pad_id=pad_id)
     kw["device"] = source.device
     if beam_size > 1:
-        return beam_search(step, cache, **kw, beam_size=beam_size, length_penalty=length_penalty, reorder=index_rows)
+        return beam_search(step, cache, **kw, beam_size=beam_size, length_penalty=length_penalty, reorder=reorder_beams)
     if temperature > 0:
         return sample_search(step, cache, **kw, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     return greedy_search(step, cache, **kw)
