@@ -35,77 +35,36 @@ measurement during which other processes used more than ``--noisy`` cores (``--r
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchlib.common import BATCH, NOTES_MARKER, POS, ROOT, SEQ, SYSTEMS, cpu_busy_s
+from benchlib import protocol
+from benchlib.common import BATCH, NOTES_MARKER, POS, ROOT, SEQ, SYSTEMS
+from benchlib.protocol import add_protocol_options
 from benchlib.report import RATIOS, ratios, render_md, render_png, summarize
 from benchlib.workers import worker
 
 
-def foreign_load(interval: float = 1.0) -> float:
-    """Cores busy over ``interval`` seconds; the parent is idle meanwhile, so it is all other work."""
-    b0, t0 = cpu_busy_s()[0], time.perf_counter()
-    time.sleep(interval)
-    return (cpu_busy_s()[0] - b0) / (time.perf_counter() - t0)
-
-
-def wait_for_quiet(args: argparse.Namespace) -> tuple[float, float]:
-    """Wait (at most ``--max-wait`` s) until other processes use under ``--quiet`` cores for 2 s."""
-    t0, calm = time.perf_counter(), 0
-    load = foreign_load()
-    while time.perf_counter() - t0 < args.max_wait:
-        calm = calm + 1 if load < args.quiet else 0
-        if calm >= 2:
-            break
-        load = foreign_load()
-    return round(time.perf_counter() - t0, 1), round(load, 2)
-
-
 def spawn(system: str, pos: str, args: argparse.Namespace, warmup: int, steps: int) -> dict[str, Any]:
-    waited, load = wait_for_quiet(args) if args.max_wait > 0 else (0.0, float("nan"))
-    env = dict(os.environ)
-    t = str(args.threads)
-    env.update({"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "PYTHONUNBUFFERED": "1"})
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, pos]
-    cmd += ["--warmup", str(warmup), "--steps", str(steps), "--threads", t]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"worker {system}/{pos} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
-    res = json.loads(lines[-1])
-    res.update({"wall_s": round(time.perf_counter() - t0, 1), "waited_s": waited, "load_before": load})
-    return res
+    argv = [system, pos, "--warmup", str(warmup), "--steps", str(steps)]
+    return protocol.spawn(Path(__file__).resolve(), argv, args, f"{system}/{pos}")
 
 
 def measure(
     system: str, pos: str, args: argparse.Namespace, label: str, rejected: list, warmup: int, steps: int
 ) -> dict[str, Any]:
     """One measurement in a fresh process; rerun (at most ``--retries`` times) while it was noisy."""
-    for attempt in range(args.retries + 1):
-        res = spawn(system, pos, args, warmup, steps)
-        res["attempt"] = attempt
-        noisy = res["foreign_cores"] > args.noisy and attempt < args.retries
+
+    def describe(res: dict[str, Any]) -> str:
         if system == "matmul":
-            body = f"{res['gflops']:8.1f} GFLOP/s (2048^3 fp32)"
-        else:
-            body = f"{BATCH * SEQ / res['step_s']:8.0f} tok/s  step {res['step_s'] * 1e3:6.1f} ms"
-            if "peak_rss_mb" in res:
-                body += f"  peak RSS {res['peak_rss_mb']:5.0f} MB"
-        tail = f"  others {res['foreign_cores']:.2f} cores (waited {res['waited_s']:.0f} s)  [{res['wall_s']:.0f} s]"
-        print(f"{label} {system:<20}" + body + tail + ("  -> noisy, rerun" if noisy else ""), flush=True)
-        if not noisy:
-            return res
-        rejected.append(res)
-    return res
+            return f"{system:<20}{res['gflops']:8.1f} GFLOP/s (2048^3 fp32)"
+        body = f"{system:<20}{BATCH * SEQ / res['step_s']:8.0f} tok/s  step {res['step_s'] * 1e3:6.1f} ms"
+        return body + (f"  peak RSS {res['peak_rss_mb']:5.0f} MB" if "peak_rss_mb" in res else "")
+
+    return protocol.measure(lambda: spawn(system, pos, args, warmup, steps), describe, label, args, rejected)
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -137,53 +96,13 @@ def run_profiles(args: argparse.Namespace, poses: list[str]) -> list[dict[str, A
 
 
 def meta(args: argparse.Namespace) -> dict[str, Any]:
-    from importlib.metadata import version
-
-    def ver(name: str) -> str:
-        try:
-            return version(name)
-        except Exception:
-            return "?"
-
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "xfam"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    )
     return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gb": round(mem_gb, 1),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "torch": ver("torch"),
-        "lightning": ver("lightning"),
-        "x_transformers": ver("x-transformers"),
-        "xfam_commit": commit + (" (xfam/ has uncommitted changes)" if dirty else ""),
-        "threads": args.threads,
+        **protocol.machine_meta(args),
         "repeats": args.repeats,
         "warmup": args.warmup,
         "steps": args.steps,
-        "quiet": args.quiet,
-        "max_wait": args.max_wait,
-        "noisy": args.noisy,
-        "retries": args.retries,
         "systems": list(args.systems),
         "pos": list(args.pos),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 
 
@@ -194,22 +113,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=5, help="discarded steps per process (default 5)")
     p.add_argument("--pos", nargs="+", choices=POS, default=list(POS), help="positional encodings")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS), help="systems, in round order")
-    p.add_argument("--threads", type=int, default=2, help="torch/OMP/MKL threads per worker (default 2)")
     p.add_argument("--md", type=Path, default=ROOT / "docs/benchmarks.md", help="markdown report path")
     p.add_argument("--png", type=Path, default=ROOT / "docs/benchmarks.png", help="chart path")
     p.add_argument("--json", type=Path, default=None, help="also save the raw results here")
     p.add_argument("--from-json", type=Path, default=None, help="render the docs from saved raw results")
     p.add_argument("--no-docs", action="store_true", help="print the summary only; write no md/png")
     p.add_argument("--quick", action="store_true", help="1 round, 2 warm-up + 4 timed steps (a smoke run)")
-    p.add_argument(
-        "--quiet", type=float, default=0.25, help="before each run, wait until other processes use < this many cores"
-    )
-    p.add_argument("--max-wait", type=float, default=600, help="longest wait for --quiet, seconds (0: never wait)")
-    p.add_argument(
-        "--noisy", type=float, default=0.3, help="rerun a measurement if other processes used > this many cores"
-    )
-    p.add_argument("--retries", type=int, default=5, help="reruns of a noisy measurement (default 5)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per worker process")
+    add_protocol_options(p)
     p.add_argument(
         "--profile",
         nargs="*",
