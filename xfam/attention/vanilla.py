@@ -47,14 +47,15 @@ def reference_attention(
     heads = q.shape[1]
     k, v = expand_kv(k, heads), expand_kv(v, heads)  # [B, H, Sk, Dh]
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])  # [B, H, Sq, Sk]
-    p = mask.persistent  # a modifier's positional terms apply to the keys with a position: the last Sk - P
+    p = mask.persistent
     if modifier is not None:
-        modified = modifier.logits(scores[..., p:], q, k[:, :, p:], mask)  # [B, H, Sq, Sk - P]
-        scores = torch.cat((scores[..., :p], modified), dim=-1) if p else modified
+        scores = modifier.all_logits(scores, q, k, mask)  # (a positional modifier: on the last Sk - P keys)
     add = additive_mask(mask, bias, scores.dtype, scores.device)
     if add is not None:
         scores = scores + add
     probs = torch.softmax(scores, dim=-1)
+    if modifier is not None:
+        probs = modifier.probs(probs, mask)
     if dropout:
         probs = F.dropout(probs, dropout)
     out = torch.einsum("bhqk,bhkd->bhqd", probs, v)  # [B, H, Sq, Dh]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from xfam.config import SLOTS
 from xfam.core.registry import Registry, defaults_of
 from xfam.data.base import DATA
-from xfam.model import compat
+from xfam.model import block_compat, compat
 
 if TYPE_CHECKING:
     from xfam.cli.grammar import Args
@@ -65,10 +65,31 @@ def listing() -> str:
     reasons = sorted({r for r in table.values() if r})
     lines += [f"  NO: {r}" for r in reasons]
     lines += sorted({f"  yes*: not at its default settings: {r}" for rs in notes.values() for r in rs})
+    lines += ["", *block_listing()]
     lines.append("\nMemory components need relative positions and contiguous streams (loader.streams=auto picks them)")
     lines.append("unless they say otherwise;")
     lines.append("`python train.py ...` checks the whole selection before it starts and names alternatives.")
     return "\n".join(lines)
+
+
+def block_listing() -> list[str]:
+    """The block options (``model.*``) with their papers and what each is refused with (``compat.block_matrix``:
+    columns are attention mechanisms, ``memory``, ``exit=<policy>`` and ``reversible``); every other slot
+    component combines with them."""
+    lines = ["== block options (model.*; docs/blocks.md) =="]
+    table = compat.block_matrix()
+    for row, option in block_compat.OPTIONS.items():
+        override = " ".join(f"model.{k}={_fmt(v)}" for k, v in option.override.items())
+        lines.append(f"  {override:<34} {option.what} ({option.paper})")
+        refused = [col for col, why in table[row].items() if why]
+        atts = [c for c in refused if "=" not in c and c not in ("memory", "reversible")]
+        others = [c for c in refused if c not in atts]
+        if refused:
+            parts = ([f"attention in [{', '.join(atts)}]"] if atts else []) + others
+            lines.append(f"      refused with: {'; '.join(parts)}")
+    lines.append("  (every other option combines with every attention, pos, memory and exit component; the refusals'")
+    lines.append("  reasons are printed by `python train.py ...` before it starts)")
+    return lines
 
 
 def _caps_short(cls: type, registry: Registry) -> str:

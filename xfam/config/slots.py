@@ -99,6 +99,7 @@ def _slot_problems(
         documents=bool(cfg["data"].get("doc_mask", False)),
         arch=arch,
         cross=list({id(p): (c, p) for c, p in cross}.values()),
+        block=spec,
     )
     return [], sel
 

@@ -99,9 +99,16 @@ class ScoreModifier(nn.Module):
     Hosted only by mechanisms that compute explicit scores (``hosts_modifiers``), and only by
     those named in the positional component's ``hosts`` when it is set. Hooks (identity by default):
 
-    * ``logits(scores, q, k, mask)`` -- pre-softmax, on the scaled scores ``[B, H, Sq, Sk]``
-      (Shaw on keys, Transformer-XL's position terms, DA-Transformer's reweighting);
-    * ``output(probs, mask)`` -- a term ``[B, H, Sq, Dh]`` added to ``probs @ v`` (Shaw on values).
+    * ``logits(scores, q, k, mask)`` -- pre-softmax, on the scaled scores ``[B, H, Sq, Sk - P]`` of the keys
+      with a position (Shaw on keys, Transformer-XL's position terms, DA-Transformer's reweighting);
+    * ``output(probs, mask)`` -- a term ``[B, H, Sq, Dh]`` added to ``probs @ v`` (Shaw on values);
+
+    and two on the whole matrix, persistent keys included, for modifiers that are not positional (the block's
+    score options, ``xfam.model.attn_options``):
+
+    * ``all_logits(scores, q, k, mask)`` -- pre-softmax, before the mask and the score bias are added
+      (default: ``logits`` on the positional columns);
+    * ``probs(probs, mask)`` -- the attention weights after the softmax, before they weigh the values.
     """
 
     def logits(self, scores: Tensor, q: Tensor, k: Tensor, mask: AttnMask) -> Tensor:
@@ -109,6 +116,34 @@ class ScoreModifier(nn.Module):
 
     def output(self, probs: Tensor, mask: AttnMask) -> Tensor | None:
         return None
+
+    def all_logits(self, scores: Tensor, q: Tensor, k: Tensor, mask: AttnMask) -> Tensor:
+        p = mask.persistent  # the positional terms apply to the keys with a position: the last Sk - P
+        if not p:
+            return self.logits(scores, q, k, mask)
+        modified = self.logits(scores[..., p:], q, k[:, :, p:], mask)  # [B, H, Sq, Sk - P]
+        return torch.cat((scores[..., :p], modified), dim=-1)
+
+    def probs(self, probs: Tensor, mask: AttnMask) -> Tensor:
+        return probs
+
+
+class ChainedModifier(ScoreModifier):
+    """Two modifiers, ``first``'s hooks before ``second``'s (a positional encoding's, then the block's)."""
+
+    def __init__(self, first: ScoreModifier, second: ScoreModifier):
+        super().__init__()
+        self.first, self.second = first, second
+
+    def all_logits(self, scores: Tensor, q: Tensor, k: Tensor, mask: AttnMask) -> Tensor:
+        return self.second.all_logits(self.first.all_logits(scores, q, k, mask), q, k, mask)
+
+    def probs(self, probs: Tensor, mask: AttnMask) -> Tensor:
+        return self.second.probs(self.first.probs(probs, mask), mask)
+
+    def output(self, probs: Tensor, mask: AttnMask) -> Tensor | None:
+        a, b = self.first.output(probs, mask), self.second.output(probs, mask)
+        return b if a is None else a if b is None else a + b
 
 
 def additive_mask(mask: AttnMask, bias: ScoreBias | None, dtype: torch.dtype, device: torch.device) -> Tensor | None:

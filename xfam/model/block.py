@@ -1,5 +1,7 @@
 """One Transformer block: self-attention (projections, heads, rotary, memory), in a decoder of an
-encoder-decoder cross-attention to the encoder's output (``xfam.model.cross``), and the FFN."""
+encoder-decoder cross-attention to the encoder's output (``xfam.model.cross``), and the FFN; each sublayer
+joined to the stream by a ``Link`` (``xfam.model.residual``), with the block options of
+``xfam.model.attn_options``, ``layout`` and ``shift`` (docs/blocks.md)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xfam.attention._base import AttentionMechanism
+from xfam.core.bias import ChainedModifier
 from xfam.core.context import LayerContext
 from xfam.core.state import DecodeState, LayerView, expand_kv
+from xfam.model.attn_options import AttentionOnAttention, Carry, QKNorm, ScoreOptions, needs_scores
 from xfam.model.cross import CrossAttention, CrossSource
 from xfam.model.layers import FeedForward, make_norm
+from xfam.model.layout import DEFAULT_LAYOUT, BlockLayout
+from xfam.model.residual import Link
+from xfam.model.shift import row_info, shift_amounts, shift_tokens
 from xfam.model.spec import ModelSpec
 
 #: A memory's hook into its layer's attention: ``(q [B, H, S, Dh], out [B, H, S, Dh]) -> out``.
@@ -45,6 +52,21 @@ class SelfAttention(nn.Module):
             shape = (self.kv_heads, spec.num_mem_kv, self.head_dim)  # [Hkv, P, Dh]
             self.persistent_k = nn.Parameter(torch.randn(shape) * spec.init_std)
             self.persistent_v = nn.Parameter(torch.randn(shape) * spec.init_std)
+        # block options (xfam.model.attn_options); None when off
+        self.qk_norm = QKNorm(spec) if spec.attn_qk_norm != "none" else None
+        self.score_options = ScoreOptions(spec) if needs_scores(spec) else None
+        self.value_residual = spec.value_residual
+        self.head_scale = nn.Parameter(torch.ones(self.heads)) if spec.attn_head_scale else None
+        self.gate = nn.Linear(spec.dim, self.q_width) if spec.attn_gate else None
+        self.aoa = AttentionOnAttention(spec) if spec.attn_on_attn else None
+
+    def own_init_modules(self) -> list[nn.Module]:
+        """Modules initialised here, not by the model's normal init: the AlphaFold2 gate (W = 0, b = 1)."""
+        if self.gate is None:
+            return []
+        nn.init.zeros_(self.gate.weight)
+        nn.init.ones_(self.gate.bias)
+        return [self.gate]
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, s, _ = x.shape
@@ -57,13 +79,20 @@ class SelfAttention(nn.Module):
         mem: Tensor | None = None,
         state: DecodeState | None = None,
         augment: Augment | None = None,
+        carry: Carry | None = None,
     ) -> tuple[Tensor, DecodeState | None]:
+        """``carry``: what earlier layers of this call pass on (RealFormer's scores, ResFormer's values)."""
         b, s, _ = x.shape
         q, k, v = self.qkv(x).split((self.q_width, self.kv_width, self.kv_width), dim=-1)
         if mem is not None:
             mk, mv = self._kv_rows(mem, self.qkv.weight, self.qkv.bias)  # no queries for memory
             k, v = torch.cat((mk, k), dim=1), torch.cat((mv, v), dim=1)  # [B, M + S, Hkv*Dh]
         q, k, v = self._heads(q, self.heads), self._heads(k, self.kv_heads), self._heads(v, self.kv_heads)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm.q(q), self.qk_norm.k(k)
+        if self.value_residual and carry is not None:  # ResFormer: (V_n + V_1) / 2, V_1 the first layer's
+            v = v if carry.values is None else (v + carry.values) / 2
+            carry.values = v if carry.values is None else carry.values
         q_plain = q  # before any rotation: what a retrieval memory compares (positions do not apply)
         if ctx.rotary is not None:
             q = ctx.pos.rotate(q, tuple(t[-s:] for t in ctx.rotary))  # tables [Sk_now, ...]: the last S rows
@@ -71,14 +100,22 @@ class SelfAttention(nn.Module):
         if self.persistent_k is not None:
             q, k, v = self._with_persistent(q, q_plain, k, v, rotated=ctx.rotary is not None)
         modifier = ctx.pos.score_modifier(self.layer)
+        if self.score_options is not None:
+            self.score_options.carry = carry
+            modifier = self.score_options if modifier is None else ChainedModifier(modifier, self.score_options)
         if ctx.decoding:
             o, state = self.mechanism.decode(q, k, v, state, ctx.mask, ctx.bias, modifier)
         else:
             o = self.mechanism(q, k, v, ctx.mask, ctx.bias, modifier)  # [B, H, S, Dh]
         if augment is not None:  # a memory that takes part in attention (e.g. kNN retrieval)
             o = augment(q_plain, o)
+        if self.head_scale is not None:  # NormFormer: one learned scale per head
+            o = o * self.head_scale.to(o.dtype)[:, None, None]
         o = o.transpose(1, 2).reshape(b, s, self.q_width)  # [B, H, S, Dh] -> [B, S, H*Dh]
-        return self.out(o), state
+        if self.gate is not None:  # AlphaFold2: a sigmoid gate per output channel, from the layer input
+            o = o * torch.sigmoid(self.gate(x))
+        out = self.out(o)  # [B, S, D]
+        return (out if self.aoa is None else self.aoa(out, x)), state
 
     def _with_persistent(
         self, q: Tensor, q_plain: Tensor, k: Tensor, v: Tensor, rotated: bool
@@ -93,6 +130,8 @@ class SelfAttention(nn.Module):
         and ``q . pk / sqrt(Dh)`` (twice the q.k work, under rotary encodings only).
         """
         pk = self.persistent_k.to(k.dtype).expand(k.shape[0], -1, -1, -1)  # [B, Hkv, P, Dh]
+        if self.qk_norm is not None:  # (persistent keys are keys: normalised like the others)
+            pk = self.qk_norm.k(pk)
         pv = self.persistent_v.to(v.dtype).expand(v.shape[0], -1, -1, -1)
         if rotated:
             q = torch.cat((q, q_plain), dim=-1) * math.sqrt(2)  # [B, H, Sq, 2Dh]
@@ -108,12 +147,14 @@ class SelfAttention(nn.Module):
         """``[B, N, D] -> 2 x [B, Hkv, N, Dh]``; weights detached."""
         bias = None if self.qkv.bias is None else self.qkv.bias.detach()
         k, v = self._kv_rows(x, self.qkv.weight.detach(), bias)
-        return self._heads(k, self.kv_heads), self._heads(v, self.kv_heads)
+        k = self._heads(k, self.kv_heads)
+        return (k if self.qk_norm is None else self.qk_norm.k(k)), self._heads(v, self.kv_heads)
 
     def frozen_queries(self, x: Tensor) -> Tensor:
         """``[B, N, D] -> [B, H, N, Dh]``; weights detached."""
         bias = None if self.qkv.bias is None else self.qkv.bias.detach()[: self.q_width]
-        return self._heads(F.linear(x, self.qkv.weight.detach()[: self.q_width], bias), self.heads)
+        q = self._heads(F.linear(x, self.qkv.weight.detach()[: self.q_width], bias), self.heads)
+        return q if self.qk_norm is None else self.qk_norm.q(q)
 
     def frozen_weights(self, h: Tensor, states: Tensor) -> Tensor:
         """Content attention probabilities of ``h [B, S, D]`` over ``states [B, M, D]``: ``[B, H, S, M]``."""
@@ -130,21 +171,46 @@ class SelfAttention(nn.Module):
         return o.transpose(1, 2).reshape(h.shape[0], h.shape[1], self.q_width)
 
 
+class FFNSublayer(nn.Module):
+    """An FFN sublayer beyond a block's first (macaron's leading half step, a custom order's extra f's)."""
+
+    def __init__(self, spec: ModelSpec, half: bool):
+        super().__init__()
+        self.norm = make_norm(spec) if spec.residual != "rezero" else nn.Identity()
+        self.ffn, self.link = FeedForward(spec), Link(spec, half=half, ffn=True)
+
+
 class Block(nn.Module):
-    """Pre-norm ``x + f(norm(x))`` or post-norm ``norm(x + f(x))`` sublayers: self-attention, then (given a
-    ``cross`` mechanism: a decoder of an encoder-decoder) cross-attention, then the FFN."""
+    """Sublayers in the order of its ``BlockLayout``: FFNs before (macaron), self-attention, (given a ``cross``
+    mechanism: a decoder of an encoder-decoder) cross-attention, FFNs after. Each joins the stream through its
+    ``Link``: pre-norm ``x + f(norm(x))`` by default, post-norm ``norm(x + f(x))``, and the other options of
+    ``xfam.model.residual``. The first FFN after the attention is ``ffn``/``norm2`` (the default block's)."""
 
     def __init__(
-        self, spec: ModelSpec, mechanism: AttentionMechanism, layer: int, cross: AttentionMechanism | None = None
+        self,
+        spec: ModelSpec,
+        mechanism: AttentionMechanism,
+        layer: int,
+        cross: AttentionMechanism | None = None,
+        layout: BlockLayout = DEFAULT_LAYOUT,
+        causal: bool = True,
     ):
         super().__init__()
-        self.pre = spec.norm_position == "pre"
-        self.norm1, self.norm2 = make_norm(spec), make_norm(spec)
+        self.pre = spec.pre_norm
+        norm = make_norm if spec.residual != "rezero" else lambda _spec: nn.Identity()  # ReZero has no norms
+        self.norm1 = norm(spec)
         self.attn = SelfAttention(spec, mechanism, layer)
+        self.link_attn = Link(spec, post_norm=spec.attn_post_norm)
         self.cross = CrossAttention(spec, cross, layer) if cross is not None else None
-        self.norm_cross = make_norm(spec) if cross is not None else None
-        self.ffn = FeedForward(spec)
-        self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
+        self.norm_cross = norm(spec) if cross is not None else None
+        self.link_cross = Link(spec) if cross is not None else None
+        self.before = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.before))
+        self.norm2 = norm(spec) if layout.after else None
+        self.ffn = FeedForward(spec) if layout.after else None
+        self.link_ffn = Link(spec, half=layout.half, ffn=True) if layout.after else None
+        self.after = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.after - 1))
+        self.survival = 1.0 - spec.layer_drop * (layer + 1) / spec.layers  # stochastic depth's linear schedule
+        self.shifts = shift_amounts(spec.shift_tokens, causal) if spec.shift_tokens else None
 
     def forward(
         self,
@@ -154,27 +220,61 @@ class Block(nn.Module):
         state: DecodeState | None = None,
         augment: Augment | None = None,
         source: CrossSource | None = None,
+        carry: Carry | None = None,
     ) -> tuple[Tensor, DecodeState | None]:
-        """``x [B, S, D]``; ``source``: the encoder output, for a block with cross-attention."""
-        if self.pre:
-            h = self.norm1(x)
-            a, state = self.attn(h, ctx, None if mem is None else self.norm1(mem), state, augment)
-            x = x + self.drop(a)
-            if self.cross is not None:
-                x = x + self.drop(self.cross(self.norm_cross(x), source))
-            x = x + self.drop(self.ffn(self.norm2(x)))
+        """``x [B, S, D]``; ``source``: the encoder output, for a block with cross-attention; ``carry``: what
+        earlier layers of the call pass on (options that read them)."""
+        keep = self._survivors(x)
+        dual = None if carry is None else carry.dual
+        if self.shifts is not None:  # the decode state then also keeps each sublayer's last input rows
+            shift_prev = {} if state is None else state["shift"]
+            state, shift_new = None if state is None else state["mechanism"], {}
+            shifted = lambda name, f: lambda h: f(self._shift(h, ctx, name, shift_prev, shift_new))  # noqa: E731
         else:
-            a, state = self.attn(x, ctx, mem, state, augment)
-            x = self.norm1(x + self.drop(a))
-            if self.cross is not None:
-                x = self.norm_cross(x + self.drop(self.cross(x, source)))
-            x = self.norm2(x + self.drop(self.ffn(x)))
-        return x, state
+            shifted = lambda name, f: f  # noqa: E731
+        for i, sub in enumerate(self.before):
+            x = sub.link(x, shifted(f"before{i}", sub.ffn), sub.norm, keep, dual)
+        mem = None if mem is None or not self.pre else self.norm1(mem)  # (memory: states of this layer's input)
+        new_state = [state]
+
+        def attend(h: Tensor) -> Tensor:
+            out, new_state[0] = self.attn(h, ctx, mem, state, augment, carry)
+            return out
+
+        x = self.link_attn(x, shifted("attn", attend), self.norm1, keep, dual)
+        if self.cross is not None:
+            x = self.link_cross(x, lambda h: self.cross(h, source), self.norm_cross, keep, dual)
+        if self.ffn is not None:
+            x = self.link_ffn(x, shifted("ffn", self.ffn), self.norm2, keep, dual)
+        for i, sub in enumerate(self.after):
+            x = sub.link(x, shifted(f"after{i}", sub.ffn), sub.norm, keep, dual)
+        if self.shifts is not None and ctx.decoding:
+            return x, {"mechanism": new_state[0], "shift": shift_new}
+        return x, new_state[0]
+
+    def _survivors(self, x: Tensor) -> Tensor | None:
+        """Stochastic depth in training: ``[B, 1, 1]``, 1 / survival for the samples that run the block, else 0."""
+        if not self.training or self.survival >= 1.0:
+            return None
+        keep = torch.rand(x.shape[0], 1, 1, device=x.device) < self.survival
+        return keep.to(x.dtype) / self.survival
+
+    def _shift(self, h: Tensor, ctx: LayerContext, name: str, prev: dict, new: dict) -> Tensor:
+        """Token shifting of one sublayer's input ``h [B, S, D]``; in decoding, with the rows kept from before."""
+        before = prev.get(name)
+        rows = h.shape[1] + (0 if before is None else before.shape[1])
+        pad, seg = row_info(ctx.mask, rows) if not ctx.mask.cross else (None, None)
+        out = shift_tokens(h, self.shifts, pad, seg, before)
+        if ctx.decoding:
+            keep = max(self.shifts)
+            new[name] = (h if before is None else torch.cat((before, h), dim=1))[:, -keep:]
+        return out
 
     def residual_projections(self) -> list[nn.Module]:
         """The projections that write into the residual stream (attention outputs, FFN down), whose init the
         model scales by 1/sqrt(2L) (``ModelSpec.init_std``)."""
-        return [self.attn.out, self.ffn.down] + ([self.cross.out] if self.cross is not None else [])
+        ffns = ([self.ffn] if self.ffn is not None else []) + [sub.ffn for sub in (*self.before, *self.after)]
+        return [self.attn.out] + [f.down for f in ffns] + ([self.cross.out] if self.cross is not None else [])
 
     def view(self, segments: Tensor | None) -> LayerView:
         """What a memory of this layer may use (``xfam.memory._base.LayerView``): the attention's

@@ -124,9 +124,16 @@ def build_model(config: Any, info: dict[str, Any]) -> XfamModel | EncoderDecoder
         enc_spec, enc_attention, enc_pos = encoder
         none = {"name": "none"}
         enc = XfamModel(
-            enc_spec, task="encode", vocab_size=vocab, attention=enc_attention, pos=enc_pos, memory=none, exit=none
+            enc_spec,
+            task="encode",
+            vocab_size=vocab,
+            attention=enc_attention,
+            pos=enc_pos,
+            memory=none,
+            exit=none,
+            partner_layers=spec.layers,
         )
-        dec = XfamModel(spec, task="lm", vocab_size=vocab, **slots, cross=cross)
+        dec = XfamModel(spec, task="lm", vocab_size=vocab, **slots, cross=cross, partner_layers=enc_spec.layers)
         return EncoderDecoder(enc, dec, tie_embeddings=spec.tie_embeddings)
     task = "lm" if info["task"] == "seq2seq" else info["task"]  # (a decoder on pairs: the source as a prefix)
     return XfamModel(

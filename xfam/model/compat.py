@@ -15,6 +15,8 @@ from xfam.attention._base import ATTENTION, AttentionMechanism
 from xfam.core.registry import defaults_of, signature_params
 from xfam.exit._base import EXIT, ExitPolicy
 from xfam.memory._base import MEMORY, Memory
+from xfam.model import block_compat
+from xfam.model.spec import ModelSpec
 from xfam.pos._base import POS, PositionalEncoding
 
 
@@ -26,7 +28,8 @@ class Selection:
     ``memory`` lists ``(class, params)`` per layer. ``num_mem_kv`` / ``num_memory_tokens``: the model
     options of the same names; ``documents``: the data marks documents in packed rows (``doc_mask``).
     ``arch``: the model shape (``model.arch`` resolved); ``cross``: an encoder-decoder's cross-attention
-    ``(class, params)`` per distinct configuration (empty for one stack).
+    ``(class, params)`` per distinct configuration (empty for one stack). ``block``: the model spec, whose block
+    options ``xfam.model.block_compat`` checks against the slots (None: none set).
     """
 
     attention: list[tuple[type[AttentionMechanism], dict[str, Any], bool]]
@@ -42,6 +45,7 @@ class Selection:
     documents: bool = False
     arch: str = "decoder"
     cross: list[tuple[type[AttentionMechanism], dict[str, Any]]] = dataclasses.field(default_factory=list)
+    block: ModelSpec | None = None
 
     @property
     def has_memory(self) -> bool:
@@ -230,12 +234,41 @@ def check(sel: Selection) -> list[str]:
     problems += _model_option_reasons(sel)
     if sel.arch == "encoder_decoder":
         problems += _encoder_decoder_reasons(sel)
+    if sel.block is not None:
+        problems += block_compat.reasons(sel.block, sel)
     return list(dict.fromkeys(problems))
 
 
 def matrix() -> dict[tuple[str, str], str | None]:
     """attention x pos compatibility for ``xfam list``: None where they combine, else the reason."""
     return {(a, p): _attention_vs_pos(acls, pcls, False) for a, acls in ATTENTION.items() for p, pcls in POS.items()}
+
+
+def block_matrix() -> dict[str, dict[str, str]]:
+    """Block options x slots for ``xfam list`` and docs/blocks.md: for each option of ``block_compat.OPTIONS``,
+    ``{column: reason or ""}`` over the attention mechanisms (at their defaults, causal where they can be),
+    ``memory`` (a memory other than none), each exit policy but none, and ``reversible``."""
+    none_exit = (EXIT.get("none"), {"name": "none"})
+    no_memory = [(MEMORY.get("none"), {"name": "none"})]
+    xl = [(MEMORY.get("xl"), {"name": "xl"})]
+
+    def sel(att: type[AttentionMechanism] | None = None, **kw: Any) -> Selection:
+        att = att or ATTENTION.get("vanilla")
+        base = dict(attention=[(att, {"name": att.registry_name}, False)], pos=(POS.get("rope"), {"name": "rope"}))
+        return Selection(**{**base, "memory": no_memory, "exit": none_exit, "causal": att.causal, **kw})
+
+    table = {}
+    for row, option in block_compat.OPTIONS.items():
+        spec = dataclasses.replace(ModelSpec(layers=4), **option.override)
+        cells = {name: "; ".join(block_compat.reasons(spec, sel(cls))) for name, cls in ATTENTION.items()}
+        cells["memory"] = "; ".join(block_compat.reasons(spec, sel(memory=xl)))
+        for name, cls in EXIT.items():
+            if name != "none":
+                cells[f"exit={name}"] = "; ".join(block_compat.reasons(spec, sel(exit=(cls, {"name": name}))))
+        rev = dataclasses.replace(spec, reversible=True)
+        cells["reversible"] = "; ".join(block_compat.reasons(rev, sel(reversible=True)) + rev.problems())
+        table[row] = cells
+    return table
 
 
 def setting_refusals(attention: str, pos: str) -> list[str]:

@@ -46,6 +46,7 @@ class CallPlan:
         run_padding, run_segments: the same for the rows that run ``[B, G + S - ride]``.
         cache_padding: ``[B, T + S]`` padding of the keys of a decode call, when any is padded.
         decoding: the call extends a decode cache.
+        batch: B.
     """
 
     offset: int
@@ -60,6 +61,7 @@ class CallPlan:
     run_segments: Tensor | None
     cache_padding: Tensor | None
     decoding: bool
+    batch: int = 1
 
     @property
     def rows(self) -> int:
@@ -109,4 +111,5 @@ def plan_call(
         run_segments=run_segments,
         cache_padding=cache_padding,
         decoding=cache is not None,
+        batch=b,
     )

@@ -49,11 +49,12 @@ class RevBlock:
 
     def f(self, x2: Tensor, state: DecodeState | None = None) -> tuple[Tensor, DecodeState | None]:
         out, state = self.block.attn(self.block.norm1(x2), self.ctx, None, state)
-        return self.block.drop(out), state
+        return self.block.link_attn.branch(out, None), state  # (its dropout, post-norm, gain)
 
     def g(self, y1: Tensor) -> Tensor:
         chunks = y1.chunk(self.ffn_chunks, dim=1) if self.ffn_chunks > 1 else (y1,)
-        return torch.cat([self.block.drop(self.block.ffn(self.block.norm2(c))) for c in chunks], dim=1)
+        blk = self.block
+        return torch.cat([blk.link_ffn.branch(blk.ffn(blk.norm2(c)), None) for c in chunks], dim=1)
 
 
 class _ReversibleStack(torch.autograd.Function):

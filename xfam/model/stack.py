@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xfam.core.context import LayerContext
 from xfam.core.mask import AttnMask
 from xfam.core.state import DecodeState, MemoryState
 from xfam.memory import Memory
+from xfam.model.attn_options import Carry
 from xfam.model.block import Block
 from xfam.model.cross import CrossSource
 from xfam.model.plan import CallPlan, DecodeCache
@@ -58,6 +60,7 @@ class Stack:
         self.states = list(cache.layers) if cache is not None else None
         self.source = source if source is not None or cache is None else cache.source
         self.aux: dict[str, Tensor] = {}
+        self.carry = Carry()  # what a layer passes to the next (block options that read an earlier layer)
         self._contexts: dict[object, LayerContext] = {}
         self._dtype = dtype  # of the embedded input: the rotary tables'
 
@@ -71,7 +74,9 @@ class Stack:
         front = plan.offset if plan.decoding else (0 if mem is None else mem.shape[1])
         docs = self.read_docs[step] if self.read_docs and plan.run_segments is not None and front else None
         ctx, augment = self.context(front, docs), self._augment(step)
-        out, state = block(h, ctx, mem, self._state(step), augment, self.source)
+        if step == 0 and self.model.dual_norm is not None:  # ResiDual's second stream starts as the input
+            self.carry.dual = [h]
+        out, state = block(h, ctx, mem, self._state(step), augment, self.source, self.carry)
         if self.states is not None:
             self.states[step] = state
         self._add_aux("attention", block.attn.mechanism.aux_losses())
@@ -80,6 +85,9 @@ class Stack:
         return torch.cat((carried, out), dim=1) if plan.ride else out
 
     def head(self, x: Tensor, proj: nn.Module | None = None) -> Tensor:
+        if self.carry.dual is not None:  # ResiDual: the output is x_L + norm(d_L)
+            ride = self.plan.ride
+            x = torch.cat((x[:, :ride], x[:, ride:] + self.model.dual_norm(self.carry.dual[0])), dim=1)
         return self.model.head_logits(x, self.plan.input_padding, proj, self.retrieved)
 
     # -- whole-stack paths ---------------------------------------------------------------------------
@@ -117,6 +125,8 @@ class Stack:
         if seg is not None and front and not plan.decoding:  # memory of another document is never seen
             front_docs = seg.new_full((seg.shape[0], front), -1) if front_docs is None else front_docs
             seg = torch.cat((front_docs.to(seg), seg), dim=1)  # [B, M + R]
+        if self.spec.forgetful_mask and self.model.training and not plan.decoding:
+            pad = forgetful_keys(pad, seg, self.spec.forgetful_mask, plan.batch, rows, front, plan.positions.device)
         p = self.spec.num_mem_kv
         mask = AttnMask(rows, p + front + rows, self.causal, pad, seg, persistent=p)
         key_pos = torch.arange(front + rows, device=plan.positions.device)[-rows if plan.decoding else 0 :]
@@ -149,3 +159,24 @@ class Stack:
     def _add_aux(self, slot: str, losses: dict[str, Tensor]) -> None:
         for k, val in losses.items():
             self.aux[f"{slot}/{k}"] = self.aux.get(f"{slot}/{k}", 0.0) + val
+
+
+def forgetful_keys(
+    pad: Tensor | None, seg: Tensor | None, ratio: float, batch: int, rows: int, front: int, device: torch.device
+) -> Tensor:
+    """The forgetful causal mask (Liu et al., 2022, "Forgetful Causal Masking Makes Causal Language Models
+    Better Zero-Shot Learners", arXiv:2210.13432): each row hides a random fraction r ~ U[0, ``ratio``] of its
+    tokens from every query (as keys), in training only, the same keys in every layer. The first real token of
+    each document stays visible, so every query sees at least one key; keys in front of the rows (memory) are
+    never hidden. ``pad`` / ``seg``: ``[B, front + rows]`` key padding and documents. Returns the key padding
+    ``[B, front + rows]`` with the hidden keys marked False."""
+    r = torch.rand(batch, 1, device=device) * ratio  # [B, 1]: this row's mask ratio
+    hide = torch.rand(batch, rows, device=device) < r  # [B, R]
+    real = torch.ones(batch, rows, dtype=torch.bool, device=device) if pad is None else pad[:, -rows:]
+    start = real & ~F.pad(real, (1, -1), value=False)  # the first real token after padding (or the row's first)
+    if seg is not None:
+        s = seg[:, -rows:]
+        start |= real & F.pad(s[:, 1:] != s[:, :-1], (1, 0), value=True)  # a document's first token
+    keep = ~hide | start
+    keep = F.pad(keep, (front, 0), value=True)  # [B, front + R]
+    return keep if pad is None else pad & keep

@@ -13,6 +13,7 @@ import math
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xfam.attention import ATTENTION, AttentionMechanism
@@ -22,11 +23,13 @@ from xfam.core.schedule import per_head, per_layer
 from xfam.core.state import MemoryState
 from xfam.exit import EXIT, ExitOutput
 from xfam.memory import MEMORY
-from xfam.model.block import Block
+from xfam.model.block import Block, SelfAttention
 from xfam.model.cross import CrossSource
 from xfam.model.head_groups import HeadGroups
 from xfam.model.layers import make_norm
+from xfam.model.layout import block_layouts
 from xfam.model.plan import CallPlan, DecodeCache, plan_call
+from xfam.model.residual import Link, deepnorm_constants, deepnorm_init
 from xfam.model.spec import ModelSpec
 from xfam.model.stack import Stack
 from xfam.pos import POS
@@ -67,22 +70,26 @@ class XfamModel(nn.Module):
         exit: dict[str, Any],
         stores: dict[int, Any] | None = None,
         cross: dict[str, Any] | None = None,
+        partner_layers: int = 0,
     ):
         """``cross``: the cross-attention mechanism's config (``per_layer`` allowed), for the decoder of an
-        encoder-decoder: every block then attends to the encoder output passed as ``forward(source=...)``."""
+        encoder-decoder: every block then attends to the encoder output passed as ``forward(source=...)``.
+        ``partner_layers``: in an encoder-decoder, the other stack's depth (DeepNorm's constants use both)."""
         super().__init__()
         self.spec, self.task = spec, task
         self.causal = spec.causal if spec.causal is not None else task == "lm"
         struct = spec.structural(self.causal)
         self.embed = nn.Embedding(vocab_size, spec.dim)
-        self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
+        self.drop = nn.Dropout(spec.emb_drop) if spec.emb_drop else nn.Identity()
+        self.emb_norm = make_norm(spec) if spec.post_emb_norm else None
         self.pos = POS.build(pos, **struct)
         out_dim = vocab_size if task in ("lm", "mlm") else num_classes
         self.exit = EXIT.build(exit, **struct, out_dim=out_dim)  # out_dim: for policies with their own classifiers
         self.num_layers = spec.layers
-        n_blocks = self.exit.blocks_needed(spec.layers)
+        n_blocks = 1 if spec.share_layers else self.exit.blocks_needed(spec.layers)  # (ALBERT: one block, L steps)
         attn_layers = per_layer(attention, spec.layers, "attention")
         cross_layers = per_layer(cross, spec.layers, "cross_attention") if cross is not None else [None] * n_blocks
+        layouts = block_layouts(spec)
         shared: dict[str, Any] = {}  # modules that components share across layers
         self.blocks = nn.ModuleList(
             Block(
@@ -92,6 +99,8 @@ class XfamModel(nn.Module):
                 cross=None
                 if cross_layers[i] is None
                 else ATTENTION.build(cross_layers[i], **struct_cross(struct), layer=i),
+                layout=layouts[i],
+                causal=self.causal,
             )
             for i in range(n_blocks)
         )
@@ -110,10 +119,20 @@ class XfamModel(nn.Module):
         self.aux_tokens = aux_token_count(self.blocks, spec.num_memory_tokens)
         self.aux_embed = nn.Embedding(self.aux_tokens, spec.dim) if self.aux_tokens else None
         self.aux_doc = SHARED if spec.num_memory_tokens else -1
-        self.norm = make_norm(spec) if spec.norm_position == "pre" else nn.Identity()
+        final_norm = spec.pre_norm and spec.residual != "rezero"  # (ReZero has no norms at all)
+        self.norm = make_norm(spec) if final_norm else nn.Identity()
+        self.dual_norm = make_norm(spec) if spec.norm_position == "resi_dual" else None  # ResiDual's x_L + N(d_L)
         self.head = (
             nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag")) if task != "encode" else nn.Identity()
         )
+        self.deepnorm = None
+        if spec.norm_position == "deepnorm":
+            role = "encdec_encoder" if task == "encode" else "encdec_decoder" if cross is not None else None
+            role = role or ("decoder" if self.causal else "encoder")
+            self.deepnorm = deepnorm_constants(role, spec.layers, partner_layers)  # (alpha, beta)
+            for link in self.modules():
+                if isinstance(link, Link):
+                    link.alpha = self.deepnorm[0]
         self._init_weights()
         if spec.tie_embeddings and task in ("lm", "mlm"):
             self.head.weight = self.embed.weight
@@ -122,9 +141,12 @@ class XfamModel(nn.Module):
         """N(0, init_std) for every linear and embedding weight, zero biases; the projections into the residual
         stream (``Block.residual_projections``) scaled by 1/sqrt(2 L) (GPT-2); modules a component initialises
         itself (``Component.own_init_modules``, e.g. pos=dynamic's MLP) are left as they are."""
-        own = {id(m) for c in self.modules() if isinstance(c, Component) for m in c.own_init_modules()}
+        own = {id(m) for c in self.modules() if isinstance(c, Component | SelfAttention) for m in c.own_init_modules()}
         residual = {id(m) for b in self.blocks for m in b.residual_projections()}
         std = self.spec.init_std
+        if self.deepnorm is not None:  # DeepNet's init of the branch weights; its residual scale replaces 1/sqrt(2L)
+            own |= {id(m) for b in self.blocks for m in deepnorm_init(b, self.deepnorm[1])}
+            residual = set()
 
         def init(m: nn.Module) -> None:
             if id(m) in own:
@@ -134,7 +156,7 @@ class XfamModel(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Embedding):
-                nn.init.normal_(m.weight, std=std)
+                nn.init.normal_(m.weight, std=1e-5 if m is self.embed and self.spec.l2norm_embed else std)
 
         self.apply(init)  # children first, as the random draws always were
 
@@ -201,7 +223,13 @@ class XfamModel(nn.Module):
 
     def embed_rows(self, tokens: Tensor, plan: CallPlan) -> Tensor:
         """``[B, S] -> [B, G + S, D]``: token embeddings (with input positions) behind the G aux tokens."""
-        x = self.drop(self.pos.embed(self.embed(tokens), plan.positions))  # [B, S, D]
+        e = self.embed(tokens)  # [B, S, D]
+        if self.spec.l2norm_embed:  # unit-norm token embeddings (x-transformers' l2norm_embed, after FixNorm)
+            e = F.normalize(e, dim=-1)
+        x = self.pos.embed(e, plan.positions)
+        if self.emb_norm is not None:
+            x = self.emb_norm(x)
+        x = self.drop(x)
         if self.aux_embed is None:
             return x
         aux = self.aux_embed.weight.to(x.dtype).expand(x.shape[0], -1, -1)  # [B, G, D]
