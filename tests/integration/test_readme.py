@@ -19,6 +19,12 @@ def test_slot_table_matches_the_registries() -> None:
     assert update_readme.render(text) == text, "README slot table is stale: run `python scripts/update_readme.py`"
 
 
+def test_block_options_tables_match_the_rules() -> None:
+    text = update_readme.BLOCKS_DOC.read_text()
+    assert update_readme.render_blocks(text) == text, "docs/blocks.md is stale: run `python scripts/update_readme.py`"
+    assert "<!-- block-table:start" in text
+
+
 def test_adding_a_component_example_runs() -> None:
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Adding a component") :]

@@ -81,7 +81,7 @@ def block_listing() -> list[str]:
     for row, option in block_compat.OPTIONS.items():
         override = " ".join(f"model.{k}={_fmt(v)}" for k, v in option.override.items())
         lines.append(f"  {override:<34} {option.what} ({option.paper})")
-        refused = [col for col, why in table[row].items() if why]
+        refused = [col for col, why in table[row].items() if why]  # (why: the refusals, empty where allowed)
         atts = [c for c in refused if "=" not in c and c not in ("memory", "reversible")]
         others = [c for c in refused if c not in atts]
         if refused:
@@ -90,6 +90,34 @@ def block_listing() -> list[str]:
     lines.append("  (every other option combines with every attention, pos, memory and exit component; the refusals'")
     lines.append("  reasons are printed by `python train.py ...` before it starts)")
     return lines
+
+
+def block_markdown() -> str:
+    """docs/blocks.md's option table and option x slot matrix (``scripts/update_readme.py`` writes them)."""
+    table = compat.block_matrix()
+    out = ["| override | what it changes | paper | refused with |", "|---|---|---|---|"]
+    for row, option in block_compat.OPTIONS.items():
+        override = " ".join(f"`model.{k}={_fmt(v)}`" for k, v in option.override.items())
+        refused = ", ".join(f"`{c}`" for c, why in table[row].items() if why) or "—"
+        out.append(f"| {override} | {option.what.replace('|', '/')} | {option.paper} | {refused} |")
+    cols = list(next(iter(table.values())))
+    out += [
+        "",
+        "| option | " + " | ".join(c.removeprefix("exit=") for c in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    for row, cells in table.items():
+        out.append(f"| `{row}` | " + " | ".join("no" if cells[c] else "yes" for c in cols) + " |")
+    out += [
+        "",
+        "Why not (the message validation prints; for the attention columns, the first refused mechanism's):",
+        "",
+    ]
+    for row, cells in table.items():
+        atts = [c for c in cells if c in compat.ATTENTION and cells[c]]
+        shown = atts[:1] + [c for c in cells if cells[c] and c not in compat.ATTENTION]
+        out += [f"* `{row}` with `{c}`: {' '.join(cells[c])}" for c in shown]
+    return "\n".join(out)
 
 
 def _caps_short(cls: type, registry: Registry) -> str:

@@ -103,7 +103,7 @@ OPTIONS: dict[str, BlockOption] = {
     ),
     "macaron": BlockOption({"macaron": True}, "Lu et al., 2019, arXiv:1906.02762", "FFN/2 - attention - FFN/2"),
     "sandwich_coef": BlockOption({"sandwich_coef": 1}, "Press et al., 2020, arXiv:1911.03864", "a^k (af)^(L-k) f^k"),
-    "layer_order": BlockOption({"layer_order": "aaff"}, "x-transformers' custom_layers", "any a/f order"),
+    "layer_order": BlockOption({"layer_order": "aaffaaff"}, "x-transformers' custom_layers", "any a/f order"),
     "shift_tokens": BlockOption(
         {"shift_tokens": 1}, "Peng et al. (RWKV); x-transformers", "channel groups shifted in time"
     ),
@@ -117,7 +117,7 @@ OPTIONS: dict[str, BlockOption] = {
 
 
 def _layout_changed(spec: ModelSpec) -> bool:
-    return bool(spec.macaron or spec.sandwich_coef or spec.layer_order or spec.share_layers)
+    return bool(spec.macaron or spec.sandwich_coef or spec.layer_order)
 
 
 def _differ(configs: list[dict[str, Any]]) -> bool:
@@ -192,6 +192,7 @@ def reasons(spec: ModelSpec, sel: Any) -> list[str]:
             ("model.value_residual", spec.value_residual, "first-layer values are not recomputed"),
             ("model.shift_tokens", spec.shift_tokens > 0, "the reversible functions see one sublayer at a time"),
             ("the sublayer order", _layout_changed(spec), "it runs exactly one attention and one FFN per layer"),
+            ("model.share_layers", spec.share_layers, "it runs each layer's own block once, in one pass"),
         ]
         for name, on, why in what:
             if on:

@@ -244,10 +244,12 @@ def matrix() -> dict[tuple[str, str], str | None]:
     return {(a, p): _attention_vs_pos(acls, pcls, False) for a, acls in ATTENTION.items() for p, pcls in POS.items()}
 
 
-def block_matrix() -> dict[str, dict[str, str]]:
+def block_matrix() -> dict[str, dict[str, list[str]]]:
     """Block options x slots for ``xfam list`` and docs/blocks.md: for each option of ``block_compat.OPTIONS``,
-    ``{column: reason or ""}`` over the attention mechanisms (at their defaults, causal where they can be),
-    ``memory`` (a memory other than none), each exit policy but none, and ``reversible``."""
+    ``{column: refusals (empty where it combines)}`` over the attention mechanisms (at their defaults, causal
+    where they can be), ``memory`` (memory=xl), each exit policy but none, and ``reversible``: xfam's own
+    components (not ones registered by a user's or a test's module)."""
+    own = lambda registry: [(n, c) for n, c in registry.items() if c.__module__.startswith("xfam.")]  # noqa: E731
     none_exit = (EXIT.get("none"), {"name": "none"})
     no_memory = [(MEMORY.get("none"), {"name": "none"})]
     xl = [(MEMORY.get("xl"), {"name": "xl"})]
@@ -260,13 +262,13 @@ def block_matrix() -> dict[str, dict[str, str]]:
     table = {}
     for row, option in block_compat.OPTIONS.items():
         spec = dataclasses.replace(ModelSpec(layers=4), **option.override)
-        cells = {name: "; ".join(block_compat.reasons(spec, sel(cls))) for name, cls in ATTENTION.items()}
-        cells["memory"] = "; ".join(block_compat.reasons(spec, sel(memory=xl)))
-        for name, cls in EXIT.items():
+        cells = {name: block_compat.reasons(spec, sel(cls)) for name, cls in own(ATTENTION)}
+        cells["memory"] = block_compat.reasons(spec, sel(memory=xl))
+        for name, cls in own(EXIT):
             if name != "none":
-                cells[f"exit={name}"] = "; ".join(block_compat.reasons(spec, sel(exit=(cls, {"name": name}))))
+                cells[f"exit={name}"] = block_compat.reasons(spec, sel(exit=(cls, {"name": name})))
         rev = dataclasses.replace(spec, reversible=True)
-        cells["reversible"] = "; ".join(block_compat.reasons(rev, sel(reversible=True)) + rev.problems())
+        cells["reversible"] = block_compat.reasons(rev, sel(reversible=True)) + rev.problems()
         table[row] = cells
     return table
 

@@ -20,6 +20,9 @@ scale zeta_0^(-p / gamma) grows with p, and the scaled key stays finite (entries
 ``xpos_max_position`` (about 66 gamma in fp32/bf16, 4.4 gamma in fp16), past which positions are
 refused with that message.
 
+``rotary_heads`` rotates only the first n query heads (and the key/value heads they read), the others carry
+no position (x-transformers' ``rotate_num_heads``: heads that attend by content alone beside positional ones).
+
 ``backend``: ``torch`` (four elementwise passes), ``triton`` (one fused pass, ``kernels/rope.py``: reads x
 once, writes once, backward = the transposed rotation), ``auto`` (the kernel on CUDA, PyTorch elsewhere).
 """
@@ -52,6 +55,9 @@ class Rope(PositionalEncoding):
         interpolation: position interpolation factor s >= 1 (positions / s); 1: none.
         xpos: also scale q by zeta^(n/gamma) and k by zeta^(-m/gamma) (xPos; causal models only).
         xpos_scale_base: gamma, positions per unit of the xPos exponent (512 in the paper).
+        rotary_heads: query heads rotated (the first n; with grouped-query attention a multiple of the
+            query heads per key/value head); null: all.
+        heads, kv_heads: H and Hkv (injected).
         backend: ``auto`` (the fused Triton rotation on CUDA), ``torch`` or ``triton``.
     """
 
@@ -69,9 +75,14 @@ class Rope(PositionalEncoding):
         interpolation: Annotated[float, Range(ge=1.0)] = 1.0,
         xpos: bool = False,
         xpos_scale_base: Annotated[float, Positive] = 512.0,
+        rotary_heads: Annotated[int, Positive] | None = None,
+        heads: int = 1,
+        kv_heads: int | None = None,
         backend: Literal["auto", "torch", "triton"] = "auto",
     ):
         super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads or heads
+        self.rotary_heads = None if rotary_heads is None or rotary_heads >= heads else rotary_heads
         r = rotary_dim or head_dim
         k = torch.arange(0, r, 2, dtype=torch.float32)  # 2k, k = 0 .. r/2 - 1
         inv_freq = base ** (-k / r) / interpolation
@@ -85,6 +96,13 @@ class Rope(PositionalEncoding):
         dh, r = ctx.get("head_dim", 0), params["rotary_dim"]
         if dh % 2:
             return [f"head_dim={dh} is odd; RoPE rotates channel pairs. Fix: use an even model.head_dim."]
+        n, h = params.get("rotary_heads"), ctx.get("heads") or 0
+        group = h // (ctx.get("kv_heads") or h) if h else 1
+        if n is not None and h and (n > h or n % group):
+            return [
+                f"pos.rotary_heads={n} must be at most model.heads={h} and a multiple of the {group} query heads "
+                f"that share a key/value head. Fix: pos.rotary_heads in {list(range(group, h + 1, group))}, or null."
+            ]
         if r is not None and (r % 2 or (dh and r > dh)):
             return [f"rotary_dim={r} must be even and at most head_dim={dh}. Fix: pos.rotary_dim in 2, 4, ..., {dh}."]
         return []
@@ -128,6 +146,12 @@ class Rope(PositionalEncoding):
         return tuple(t.to(dtype) for t in (cos * scale, ssin * scale, cos / scale, ssin / scale))
 
     def rotate(self, x: Tensor, tables: tuple[Tensor, ...], key: bool = False) -> Tensor:
+        if self.rotary_heads is not None:  # the first n heads (of queries; of keys, the ones they read)
+            n = self.rotary_heads * x.shape[1] // self.heads
+            return torch.cat((self._rotate_heads(x[:, :n], tables, key), x[:, n:]), dim=1)
+        return self._rotate_heads(x, tables, key)
+
+    def _rotate_heads(self, x: Tensor, tables: tuple[Tensor, ...], key: bool) -> Tensor:
         tables = tables[2:] if key and self.xpos else tables[:2]  # [S, r] each
         if self._fused(x):
             from xfam.kernels.rope import rope  # imported on first use (TRITON_INTERPRET)
