@@ -47,11 +47,13 @@ from xfam.model.spec import ModelSpec
 class Carry:
     """What one forward call's layers pass to the next, for the options that read an earlier layer:
     RealFormer's accumulated scores ``[B, H, Sq, Sk]``, ResFormer's first-layer values ``[B, Hkv, S, Dh]``,
-    and ResiDual's dual stream ``[B, S, D]`` (a one-element list the ``Link`` updates)."""
+    and ResiDual's dual stream ``[B, S, D]`` (a one-element list the ``Link`` updates); and the layer now
+    running."""
 
     scores: Tensor | None = None
     values: Tensor | None = None
     dual: list | None = None
+    step: int = 0  # the layer running now (stochastic depth's schedule follows it)
 
 
 def qk_temperature_init(max_len: int) -> float:

@@ -209,7 +209,7 @@ class Block(nn.Module):
         self.ffn = FeedForward(spec) if layout.after else None
         self.link_ffn = Link(spec, half=layout.half, ffn=True) if layout.after else None
         self.after = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.after - 1))
-        self.survival = 1.0 - spec.layer_drop * (layer + 1) / spec.layers  # stochastic depth's linear schedule
+        self.layer_drop, self.num_layers = spec.layer_drop, spec.layers
         self.shifts = shift_amounts(spec.shift_tokens, causal) if spec.shift_tokens else None
 
     def forward(
@@ -224,7 +224,7 @@ class Block(nn.Module):
     ) -> tuple[Tensor, DecodeState | None]:
         """``x [B, S, D]``; ``source``: the encoder output, for a block with cross-attention; ``carry``: what
         earlier layers of the call pass on (options that read them)."""
-        keep = self._survivors(x)
+        keep = self._survivors(x, 0 if carry is None else carry.step)
         dual = None if carry is None else carry.dual
         if self.shifts is not None:  # the decode state then also keeps each sublayer's last input rows
             shift_prev = {} if state is None else state["shift"]
@@ -234,7 +234,8 @@ class Block(nn.Module):
             shifted = lambda name, f: f  # noqa: E731
         for i, sub in enumerate(self.before):
             x = sub.link(x, shifted(f"before{i}", sub.ffn), sub.norm, keep, dual)
-        mem = None if mem is None or not self.pre else self.norm1(mem)  # (memory: states of this layer's input)
+        if mem is not None and self.pre:  # memory: states of this layer's input, normed as its rows are
+            mem = self.norm1(mem)
         new_state = [state]
 
         def attend(h: Tensor) -> Tensor:
@@ -252,12 +253,19 @@ class Block(nn.Module):
             return x, {"mechanism": new_state[0], "shift": shift_new}
         return x, new_state[0]
 
-    def _survivors(self, x: Tensor) -> Tensor | None:
-        """Stochastic depth in training: ``[B, 1, 1]``, 1 / survival for the samples that run the block, else 0."""
-        if not self.training or self.survival >= 1.0:
+    def survival(self, step: int) -> float:
+        """Stochastic depth's linear schedule: layer ``step`` (0-based) of L runs with probability
+        1 - (step + 1) / L * ``model.layer_drop`` (Huang et al., 2016, p_l = 1 - l / L (1 - p_L))."""
+        return 1.0 - self.layer_drop * (step + 1) / self.num_layers
+
+    def _survivors(self, x: Tensor, step: int) -> Tensor | None:
+        """Stochastic depth in training: ``[B, 1, 1]``, 1 / survival for the samples that run layer ``step``, else 0
+        (by step, not by block: a shared block, ALBERT's or ACT's, follows the schedule of the layer it runs as)."""
+        if not self.training or not self.layer_drop:
             return None
-        keep = torch.rand(x.shape[0], 1, 1, device=x.device) < self.survival
-        return keep.to(x.dtype) / self.survival
+        survival = self.survival(step)
+        keep = torch.rand(x.shape[0], 1, 1, device=x.device) < survival
+        return keep.to(x.dtype) / survival
 
     def _shift(self, h: Tensor, ctx: LayerContext, name: str, prev: dict, new: dict) -> Tensor:
         """Token shifting of one sublayer's input ``h [B, S, D]``; in decoding, with the rows kept from before."""

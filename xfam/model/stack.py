@@ -76,6 +76,7 @@ class Stack:
         ctx, augment = self.context(front, docs), self._augment(step)
         if step == 0 and self.model.dual_norm is not None:  # ResiDual's second stream starts as the input
             self.carry.dual = [h]
+        self.carry.step = step
         out, state = block(h, ctx, mem, self._state(step), augment, self.source, self.carry)
         if self.states is not None:
             self.states[step] = state
