@@ -127,7 +127,10 @@ class Stack:
             front_docs = seg.new_full((seg.shape[0], front), -1) if front_docs is None else front_docs
             seg = torch.cat((front_docs.to(seg), seg), dim=1)  # [B, M + R]
         if self.spec.forgetful_mask and self.model.training and not plan.decoding:
-            pad = forgetful_keys(pad, seg, self.spec.forgetful_mask, plan.batch, rows, front, plan.positions.device)
+            lead = plan.lead  # aux rows (memory or global tokens) are never hidden: they count with the front
+            pad = forgetful_keys(
+                pad, seg, self.spec.forgetful_mask, plan.batch, rows - lead, front + lead, plan.positions.device
+            )
         p = self.spec.num_mem_kv
         mask = AttnMask(rows, p + front + rows, self.causal, pad, seg, persistent=p)
         key_pos = torch.arange(front + rows, device=plan.positions.device)[-rows if plan.decoding else 0 :]
@@ -163,14 +166,21 @@ class Stack:
 
 
 def forgetful_keys(
-    pad: Tensor | None, seg: Tensor | None, ratio: float, batch: int, rows: int, front: int, device: torch.device
+    pad: Tensor | None,
+    seg: Tensor | None,
+    ratio: float,
+    batch: int,
+    rows: int,
+    front: int,
+    device: torch.device,
 ) -> Tensor:
     """The forgetful causal mask (Liu et al., 2022, "Forgetful Causal Masking Makes Causal Language Models
     Better Zero-Shot Learners", arXiv:2210.13432): each row hides a random fraction r ~ U[0, ``ratio``] of its
     tokens from every query (as keys), in training only, the same keys in every layer. The first real token of
-    each document stays visible, so every query sees at least one key; keys in front of the rows (memory) are
-    never hidden. ``pad`` / ``seg``: ``[B, front + rows]`` key padding and documents. Returns the key padding
-    ``[B, front + rows]`` with the hidden keys marked False."""
+    each document stays visible, so every query sees at least one key; the ``front`` keys before the input's
+    ``rows`` tokens (memory, memory tokens, global tokens) are never hidden. ``pad`` / ``seg``: ``[B, front +
+    rows]`` key padding and documents of the keys. Returns the key padding ``[B, front + rows]`` with the hidden
+    keys marked False."""
     r = torch.rand(batch, 1, device=device) * ratio  # [B, 1]: this row's mask ratio
     hide = torch.rand(batch, rows, device=device) < r  # [B, R]
     real = torch.ones(batch, rows, dtype=torch.bool, device=device) if pad is None else pad[:, -rows:]
