@@ -25,7 +25,8 @@ On the scores (``ScoreOptions``, a ``ScoreModifier``; explicit scores only):
 * ``residual_attn``: RealFormer (He et al., 2020, arXiv:2012.11747): each layer's pre-softmax scores are its
   own plus the previous layer's (accumulated) scores, which it passes on (``Carry.scores``).
 * ``attn_topk``: each query keeps its k largest weights (Zhao et al., 2019, "Explicit Sparse Transformer",
-  arXiv:1912.11637): softmax over the top-k scores, which equals the top-k weights renormalised; with
+  arXiv:1912.11637): softmax over the scores at or above the k-th largest (ties kept), which equals those
+  weights renormalised; with
   ``attn_topk_straight_through`` the forward takes them and the backward the dense softmax's gradient.
 """
 
@@ -107,8 +108,9 @@ class ScoreOptions(ScoreModifier):
 
     def probs(self, probs: Tensor, mask: AttnMask) -> Tensor:
         if self.topk is not None and self.topk < probs.shape[-1]:
-            top, idx = probs.topk(self.topk, dim=-1)  # [B, H, Sq, k]
-            hard = torch.zeros_like(probs).scatter(-1, idx, top / top.sum(-1, keepdim=True).clamp_min(1e-30))
+            kth = probs.topk(self.topk, dim=-1).values[..., -1:]  # [B, H, Sq, 1]: the k-th largest weight t_i
+            kept = probs * (probs >= kth)  # every weight >= t_i (ties at t_i all kept, as the paper's mask)
+            hard = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
             probs = probs + (hard - probs).detach() if self.straight else hard
         if self.post_mix is not None:
             probs = torch.einsum("bhqk,hg->bgqk", probs, self.post_mix.to(probs.dtype))

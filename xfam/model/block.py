@@ -198,17 +198,21 @@ class Block(nn.Module):
         super().__init__()
         self.pre = spec.pre_norm
         norm = make_norm if spec.residual != "rezero" else lambda _spec: nn.Identity()  # ReZero has no norms
+        # (the default block's modules first, in the order they always had: the optimiser's state follows it)
         self.norm1 = norm(spec)
+        self.norm2 = norm(spec) if layout.after else None
         self.attn = SelfAttention(spec, mechanism, layer)
-        self.link_attn = Link(spec, post_norm=spec.attn_post_norm)
         self.cross = CrossAttention(spec, cross, layer) if cross is not None else None
         self.norm_cross = norm(spec) if cross is not None else None
-        self.link_cross = Link(spec) if cross is not None else None
-        self.before = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.before))
-        self.norm2 = norm(spec) if layout.after else None
         self.ffn = FeedForward(spec) if layout.after else None
+        self.link_attn = Link(spec, post_norm=spec.attn_post_norm)
+        self.link_cross = Link(spec) if cross is not None else None
         self.link_ffn = Link(spec, half=layout.half, ffn=True) if layout.after else None
+        self.before = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.before))
         self.after = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.after - 1))
+        if spec.residual == "rezero":  # one alpha per layer, shared by its sublayers (the ReZero reference code)
+            for link in self.links()[1:]:
+                link.gain = self.link_attn.gain
         self.layer_drop, self.num_layers = spec.layer_drop, spec.layers
         self.shifts = shift_amounts(spec.shift_tokens, causal) if spec.shift_tokens else None
 
@@ -253,6 +257,11 @@ class Block(nn.Module):
             return x, {"mechanism": new_state[0], "shift": shift_new}
         return x, new_state[0]
 
+    def links(self) -> list[Link]:
+        """Every sublayer's ``Link``, attention's first."""
+        extra = [sub.link for sub in (*self.before, *self.after)]
+        return [self.link_attn] + [k for k in (self.link_cross, self.link_ffn) if k is not None] + extra
+
     def survival(self, step: int) -> float:
         """Stochastic depth's linear schedule: layer ``step`` (0-based) of L runs with probability
         1 - (step + 1) / L * ``model.layer_drop`` (Huang et al., 2016, p_l = 1 - l / L (1 - p_L))."""
@@ -282,7 +291,8 @@ class Block(nn.Module):
         """The projections that write into the residual stream (attention outputs, FFN down), whose init the
         model scales by 1/sqrt(2L) (``ModelSpec.init_std``)."""
         ffns = ([self.ffn] if self.ffn is not None else []) + [sub.ffn for sub in (*self.before, *self.after)]
-        return [self.attn.out] + [f.down for f in ffns] + ([self.cross.out] if self.cross is not None else [])
+        attn_out = self.attn.out if self.attn.aoa is None else self.attn.aoa.proj  # (AoA writes the stream)
+        return [attn_out] + [f.down for f in ffns] + ([self.cross.out] if self.cross is not None else [])
 
     def view(self, segments: Tensor | None) -> LayerView:
         """What a memory of this layer may use (``xfam.memory._base.LayerView``): the attention's

@@ -120,6 +120,12 @@ def _layout_changed(spec: ModelSpec) -> bool:
     return bool(spec.macaron or spec.sandwich_coef or spec.layer_order)
 
 
+def _layout_fields(spec: ModelSpec) -> str:
+    """The override(s) that set a non-default sublayer order, as a user wrote them."""
+    fields = (("macaron", spec.macaron), ("sandwich_coef", spec.sandwich_coef), ("layer_order", spec.layer_order))
+    return " ".join(f"model.{n}={v!r}".replace("True", "true") for n, v in fields if v) or "the sublayer order"
+
+
 def _differ(configs: list[dict[str, Any]]) -> bool:
     return len({repr(sorted(c.items())) for c in configs}) > 1
 
@@ -170,7 +176,9 @@ def reasons(spec: ModelSpec, sel: Any) -> list[str]:
     if spec.forgetful_mask and not sel.causal:
         out.append(
             f"model.forgetful_mask={spec.forgetful_mask} is the forgetful *causal* mask (it hides past tokens from "
-            f"later queries), and this model is bidirectional. Fix: model.forgetful_mask=0, or a causal task."
+            f"later queries), and this model is bidirectional (its task, or an attention that cannot be causal: "
+            f"{', '.join(sorted({a.registry_name for a, _, _ in sel.attention}))}). Fix: model.forgetful_mask=0, or a "
+            f"causal language model with an attention that can be causal."
         )
     if spec.share_layers and _differ([p for _, p, _ in sel.attention] + [p for _, p in sel.cross]):
         out.append(
@@ -191,7 +199,7 @@ def reasons(spec: ModelSpec, sel: Any) -> list[str]:
             ("model.residual_attn", spec.residual_attn, "scores passed between layers are not recomputed"),
             ("model.value_residual", spec.value_residual, "first-layer values are not recomputed"),
             ("model.shift_tokens", spec.shift_tokens > 0, "the reversible functions see one sublayer at a time"),
-            ("the sublayer order", _layout_changed(spec), "it runs exactly one attention and one FFN per layer"),
+            (_layout_fields(spec), _layout_changed(spec), "it runs exactly one attention and one FFN per layer"),
             ("model.share_layers", spec.share_layers, "it runs each layer's own block once, in one pass"),
         ]
         for name, on, why in what:

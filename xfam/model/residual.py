@@ -122,13 +122,20 @@ class Link(nn.Module):
         if self.position in ("pre", "sandwich"):
             y = self.branch(f(norm(x)), keep)
             if self.gate is not None:
-                return self.gate(x, torch.relu(y))
-            return (x if self.stream_scale is None else x * self.stream_scale) + y
-        y = self.branch(f(x), keep)
-        if dual is not None:
-            dual[0] = dual[0] + y
-        stream = x if self.stream_scale is None else x * self.stream_scale
-        return norm(stream * self.alpha + y if self.alpha != 1.0 else stream + y)
+                out = self.gate(x, torch.relu(y))
+            else:
+                out = (x if self.stream_scale is None else x * self.stream_scale) + y
+        else:
+            y = self.branch(f(x), keep)
+            if dual is not None:
+                dual[0] = dual[0] + y
+            stream = x if self.stream_scale is None else x * self.stream_scale
+            out = norm(stream * self.alpha + y if self.alpha != 1.0 else stream + y)
+        if keep is not None and (
+            self.gate is not None or self.stream_scale is not None or self.position not in ("pre", "sandwich")
+        ):
+            out = torch.where(keep > 0, out, x)  # a dropped sample skips the sublayer: the stream passes unchanged
+        return out
 
 
 def deepnorm_constants(role: str, layers: int, partner: int = 0) -> tuple[float, float]:
@@ -140,8 +147,8 @@ def deepnorm_constants(role: str, layers: int, partner: int = 0) -> tuple[float,
       beta = 0.87 (N^4 M)^(-1/16); decoder alpha = (3M)^(1/4), beta = (12M)^(-1/4).
 
     ``role``: ``encoder`` / ``decoder`` (one stack) or ``encdec_encoder`` / ``encdec_decoder``; ``partner``:
-    the other stack's depth in an encoder-decoder."""
-    if role == "encdec_encoder":
+    the other stack's depth in an encoder-decoder (0: unknown, an encoder built alone: encoder-only's rule)."""
+    if role == "encdec_encoder" and partner:
         n, m = layers, partner
         return 0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)
     if role == "encdec_decoder":

@@ -55,8 +55,8 @@ class ModelSpec:
             learned key and value vectors per key/value head, in front of every query's keys; no
             position, always visible (any mask). Needs an attention with ``accepts_persistent_kv``.
         post_emb_norm: a norm right after the token embedding (and input positions).
-        l2norm_embed: l2-normalised token (and learned position) embeddings, initialised N(0, 1e-5)
-            (x-transformers' small-init embeddings).
+        l2norm_embed: l2-normalised token embeddings, initialised N(0, 1e-5) (x-transformers' small-init
+            embeddings; a learned position table is left as it is).
         residual: how a sublayer's output joins the stream: ``add`` (x + f), ``rezero`` (x + alpha f, alpha = 0
             at init, no norms in the blocks; Bachlechner et al., 2020), ``layerscale`` (x + diag(lambda) f,
             lambda = ``layerscale_init``; CaiT) or ``gtrxl`` (a GRU-type gate g(x, ReLU(f)); GTrXL).
