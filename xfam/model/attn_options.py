@@ -99,7 +99,7 @@ class ScoreOptions(ScoreModifier):
 
     def all_logits(self, scores: Tensor, q: Tensor, k: Tensor, mask: AttnMask) -> Tensor:
         if self.pre_mix is not None:  # logits of head g = sum_h P[h, g] logits_h
-            scores = torch.einsum("bhqk,hg->bgqk", scores, self.pre_mix.to(scores.dtype))
+            scores = mix_heads(scores, self.pre_mix)
         if self.residual and self.carry is not None:
             if self.carry.scores is not None:
                 scores = scores + self.carry.scores
@@ -113,8 +113,14 @@ class ScoreOptions(ScoreModifier):
             hard = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
             probs = probs + (hard - probs).detach() if self.straight else hard
         if self.post_mix is not None:
-            probs = torch.einsum("bhqk,hg->bgqk", probs, self.post_mix.to(probs.dtype))
+            probs = mix_heads(probs, self.post_mix)
         return probs
+
+
+def mix_heads(x: Tensor, p: Tensor) -> Tensor:
+    """``x [B, H, Sq, Sk]`` with head g of the output ``sum_h p[h, g] x_h``: one batched ``[H, H] @ [H, Sq*Sk]``
+    over contiguous rows (an einsum over the head axis would move the whole tensor twice)."""
+    return (p.t().to(x.dtype) @ x.flatten(2)).view_as(x)
 
 
 class AttentionOnAttention(nn.Module):
