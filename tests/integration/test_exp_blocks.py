@@ -50,7 +50,7 @@ def real_runs() -> list[eb.Run]:
 
 def test_every_run_validates_and_each_comparison_changes_one_thing() -> None:
     runs = real_runs()
-    assert len(runs) == len(eb.ARMS) * 2 + 1 and len({r.label for r in runs}) == len(runs)
+    assert len(runs) == len(eb.ARMS) * len(eb.LRS) + 1 and len({r.label for r in runs}) == len(runs)
     by = {(r.arm, r.lr, r.seed): r for r in runs}
     main_job = compose_cfg([])
     for run in runs:
