@@ -96,6 +96,7 @@ def test_divergence_rule_and_loss_rise() -> None:
     assert eb.worst_rise(spiky, after=70) == 0.0
 
 
+@pytest.mark.slow  # (~20 s: runs 16 tiny trainings; the other experiment scripts' --quick runs are slow too)
 def test_quick_run_renders_the_report(tmp_path: Path) -> None:
     """Every arm trained a few steps; the "high" rate 1e30 must make every run diverge (the guard or the loss),
     the main rate none; the report goes between its markers (prose around kept), the plot next to it."""
