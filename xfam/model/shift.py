@@ -10,6 +10,7 @@ full pass.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -35,7 +36,7 @@ def shift_tokens(
     """``h [B, S, D]`` with its channel groups shifted along S; ``prev [B, P, D]``: the rows before ``h`` (decoding);
     ``pad`` / ``seg``: ``[B, P + S]`` real rows and document ids of ``[prev | h]``."""
     s, size = h.shape[1], h.shape[-1] // len(amounts)
-    full = h if prev is None else F.pad(h, (0, 0, 0, 0)) if prev.shape[1] == 0 else _cat(prev, h)  # [B, P + S, D]
+    full = h if prev is None else torch.cat((prev, h), dim=1)  # [B, P + S, D]
     p = full.shape[1] - s
     out = []
     for j, a in enumerate(amounts):
@@ -50,14 +51,6 @@ def shift_tokens(
         if seg is not None:
             same = (F.pad(seg, (a, -a), value=NO_DOC)[:, p:] == seg[:, p:]).to(h.dtype)
             ok = same if ok is None else ok * same
-        elif ok is None and prev is None:
-            ok = None
         out.append(moved if ok is None else moved * ok.unsqueeze(-1))
-    out.append(full[:, p:, len(amounts) * size :])
-    return _cat(*out, dim=-1)
-
-
-def _cat(*xs: Tensor, dim: int = 1) -> Tensor:
-    import torch
-
-    return torch.cat(xs, dim=dim)
+    out.append(full[:, p:, len(amounts) * size :])  # channels the split leaves over stay in place
+    return torch.cat(out, dim=-1)
