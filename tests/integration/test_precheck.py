@@ -159,7 +159,8 @@ def test_a_key_only_some_jobs_have_makes_only_those_jobs_invalid(capsys: pytest.
     msg = refusal(["-m", "pos=alibi,sinusoidal", "pos.rotary_dim=8"])  # no job has it: refused
     assert "pos: unknown key 'rotary_dim'" in msg
     msg = refusal(["-m", "pos=rope,alibi", "pos.rotery_dim=8"])  # a typo: refused, per job's valid keys
-    assert "[pos=rope pos.rotery_dim=8] pos: unknown key 'rotery_dim'. Did you mean 'rotary_dim'" in msg  # (or rotary_heads)
+    # (the near keys: rotary_dim, and rotary_heads)
+    assert "[pos=rope pos.rotery_dim=8] pos: unknown key 'rotery_dim'. Did you mean 'rotary_dim'" in msg
     msg = refusal(["-m", "model.heads=2,4", "model.widht=3"])  # the same problem in every job: once
     assert msg.startswith("model: unknown key 'widht'") and "[model.heads" not in msg
 
