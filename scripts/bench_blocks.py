@@ -288,7 +288,7 @@ def run_train(system: str, s: Shape, warmup: int, steps: int, profile: bool = Fa
     """Build one system and time ``warmup + steps`` training steps (``profile``: op self-times per step instead)."""
     import torch
     import torch.nn.functional as F
-    from benchlib.workers import CpuMeter, _rss_now_mb
+    from benchlib.workers import _rss_now_mb, timed
 
     lib, name, flash = parse_system(system)
     n = warmup + steps
@@ -305,15 +305,10 @@ def run_train(system: str, s: Shape, warmup: int, steps: int, profile: bool = Fa
         model = build_xtransformers(name, s, flash)
         opt, sched = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY), None
     model.train()
-    times, losses, meter, prof = [], [], CpuMeter(), None
-    for i in range(n):
-        if i == warmup:
-            meter.start()
-            if profile:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                prof.__enter__()
+    losses = []
+
+    def step(i: int) -> None:
         b = batches[i % len(batches)]
-        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         out = model(b["input_ids"])
         logits = out.logits if lib == "xfam" else out  # [B, S, V]; XfamModel returns a ModelOutput
@@ -322,27 +317,19 @@ def run_train(system: str, s: Shape, warmup: int, steps: int, profile: bool = Fa
         opt.step()
         if sched is not None:
             sched.step()
-        times.append(time.perf_counter() - t0)
         losses.append(loss.item())
+
+    times, cpu, ops = timed(step, n, warmup, profile)
     med = statistics.median(times[warmup:])
     res = {"params": sum(p.numel() for p in model.parameters()), "step_s": med, "tokens_per_s": s.tokens / med}
     res["times"] = [round(t, 5) for t in times]
-    if prof is not None:
-        prof.__exit__(None, None, None)
-        return {**res, **_ops(prof, steps), **meter.stop()}
+    if ops is not None:
+        return {**res, **ops, **cpu}
     from benchlib.workers import _peak_rss_mb
 
     res |= {"loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
     res |= {"rss_before_mb": round(rss_before, 1), "peak_rss_mb": round(_peak_rss_mb(), 1)}
-    return {**res, **meter.stop()}
-
-
-def _ops(prof, steps: int) -> dict[str, Any]:
-    """Self CPU ms and calls per step of every op, and the optimiser step's total (with its ops)."""
-    ev = prof.key_averages()
-    ops = {e.key: [round(e.self_cpu_time_total / 1e3 / steps, 3), e.count / steps] for e in ev if e.self_cpu_time_total}
-    opt_ms = sum(e.cpu_time_total for e in ev if e.key.startswith("Optimizer.step")) / 1e3 / steps
-    return {"ops": ops, "optimizer_ms": round(opt_ms, 3)}
+    return {**res, **cpu}
 
 
 def worker(system: str, s: Shape, warmup: int, steps: int, threads: int) -> None:

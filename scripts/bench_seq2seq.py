@@ -213,7 +213,7 @@ def _train_step_fn(system: str, model):
 def run_train(system: str, s: Shape, warmup: int, steps: int, profile: bool = False) -> dict[str, Any]:
     """Build one system and time ``warmup + steps`` training steps (``profile``: op self-times per step instead)."""
     import torch
-    from benchlib.workers import CpuMeter, _rss_now_mb
+    from benchlib.workers import _rss_now_mb, timed
 
     n = warmup + steps
     batches = _pairs(s, min(n, 8))
@@ -230,28 +230,23 @@ def run_train(system: str, s: Shape, warmup: int, steps: int, profile: bool = Fa
         opt, sched = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY), None
     loss_of = _train_step_fn(system, model)
     model.train()
-    times, losses, meter, prof = [], [], CpuMeter(), None
-    for i in range(n):
-        if i == warmup:
-            meter.start()
-            if profile:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                prof.__enter__()
-        t0 = time.perf_counter()
+    losses = []
+
+    def step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
         loss = loss_of(batches[i % len(batches)])
         loss.backward()
         opt.step()
         if sched is not None:
             sched.step()
-        times.append(time.perf_counter() - t0)
         losses.append(loss.item())
+
+    times, cpu, ops = timed(step, n, warmup, profile)
     res = {"params": sum(p.numel() for p in model.parameters()), **_timing(times, warmup, s.train_tokens)}
-    if prof is not None:
-        prof.__exit__(None, None, None)
-        return {**res, **_ops(prof, steps), **meter.stop()}
+    if ops is not None:
+        return {**res, **ops, **cpu}
     res |= {"loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
-    return {**res, **_memory(rss_before), **meter.stop()}
+    return {**res, **_memory(rss_before), **cpu}
 
 
 def mask_token(model, token: int):
@@ -289,7 +284,7 @@ def decode_call(system: str, model, s: Shape, batch: int):
 def run_decode(system: str, s: Shape, batch: int, warmup: int, reps: int, profile: bool = False) -> dict[str, Any]:
     """Time ``reps`` decoding calls after ``warmup`` of one system at ``batch`` (source ``s.src`` tokens)."""
     import torch
-    from benchlib.workers import CpuMeter, _rss_now_mb
+    from benchlib.workers import _rss_now_mb, timed
 
     g = torch.Generator().manual_seed(0)
     src = torch.randint(0, s.vocab, (batch, s.src), generator=g)  # [b, Ss]
@@ -297,24 +292,14 @@ def run_decode(system: str, s: Shape, batch: int, warmup: int, reps: int, profil
     rss_before = _rss_now_mb()
     model = build_xfam(s) if system.startswith("xfam") else build_xtransformers(s, flash=False)
     call = decode_call(system, model, s, batch)
-    times, meter, prof, lengths = [], CpuMeter(), None, set()
-    for i in range(warmup + reps):
-        if i == warmup:
-            meter.start()
-            if profile:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                prof.__enter__()
-        t0 = time.perf_counter()
-        out = call(src, mask)
-        times.append(time.perf_counter() - t0)
-        lengths.add(tuple(out.shape))
+    lengths = set()
+    times, cpu, ops = timed(lambda i: lengths.add(tuple(call(src, mask).shape)), warmup + reps, warmup, profile)
     if lengths != {(batch, s.new_tokens)}:
         raise RuntimeError(f"{system} decoded {sorted(lengths)} tokens; expected ({batch}, {s.new_tokens})")
     res = {"params": sum(p.numel() for p in model.parameters()), **_timing(times, warmup, batch * s.new_tokens)}
-    if prof is not None:
-        prof.__exit__(None, None, None)
-        return {**res, **_ops(prof, reps), **meter.stop()}
-    return {**res, **_memory(rss_before), **meter.stop()}
+    if ops is not None:
+        return {**res, **ops, **cpu}
+    return {**res, **_memory(rss_before), **cpu}
 
 
 def _timing(times: list[float], warmup: int, tokens: int) -> dict[str, Any]:
@@ -326,14 +311,6 @@ def _memory(rss_before: float) -> dict[str, float]:
     from benchlib.workers import _peak_rss_mb
 
     return {"rss_before_mb": round(rss_before, 1), "peak_rss_mb": round(_peak_rss_mb(), 1)}
-
-
-def _ops(prof, steps: int) -> dict[str, Any]:
-    """Self CPU ms and calls per step of every op, and the optimiser step's total (with its ops)."""
-    ev = prof.key_averages()
-    ops = {e.key: [round(e.self_cpu_time_total / 1e3 / steps, 3), e.count / steps] for e in ev if e.self_cpu_time_total}
-    opt_ms = sum(e.cpu_time_total for e in ev if e.key.startswith("Optimizer.step")) / 1e3 / steps
-    return {"ops": ops, "optimizer_ms": round(opt_ms, 3)}
 
 
 def worker(system: str, batch: int, s: Shape, warmup: int, steps: int, threads: int) -> None:

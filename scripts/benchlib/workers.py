@@ -8,6 +8,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchlib.common import BATCH, BETAS, DIM, EPS, HEADS, LAYERS, LR, MATMUL_N, SEQ, VOCAB, WEIGHT_DECAY, cpu_busy_s
@@ -181,15 +182,42 @@ def build_xfam(pos: str, total_steps: int):
     return model, opt["optimizer"], opt["lr_scheduler"]["scheduler"]
 
 
+def timed(call: Callable[[int], Any], n: int, warmup: int, profile: bool) -> tuple[list[float], dict, dict | None]:
+    """Run ``call(i)`` for ``i < n`` and time each call. The CPU meter (and, with ``profile``, ``torch.profiler``)
+    covers the calls after the first ``warmup``. Returns the times, the meter's reading and, when profiled, the
+    op table of ``profile_ops``."""
+    import torch
+
+    times, meter, prof = [], CpuMeter(), None
+    for i in range(n):
+        if i == warmup:
+            meter.start()
+            if profile:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.__enter__()
+        t0 = time.perf_counter()
+        call(i)
+        times.append(time.perf_counter() - t0)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+    return times, meter.stop(), None if prof is None else profile_ops(prof, n - warmup)
+
+
+def profile_ops(prof: Any, steps: int) -> dict[str, Any]:
+    """Self CPU ms and calls per step of every op (``{op: [ms, calls]}``), and the optimiser step's total with
+    its ops, from a finished ``torch.profiler`` run over ``steps`` steps."""
+    ev = prof.key_averages()
+    ops = {e.key: [round(e.self_cpu_time_total / 1e3 / steps, 3), e.count / steps] for e in ev if e.self_cpu_time_total}
+    opt_ms = sum(e.cpu_time_total for e in ev if e.key.startswith("Optimizer.step")) / 1e3 / steps
+    return {"ops": ops, "optimizer_ms": round(opt_ms, 3)}
+
+
 def run_plain(system: str, pos: str, warmup: int, steps: int, profile: bool = False) -> dict[str, Any]:
     """Build one system and time ``warmup + steps`` training steps in a plain loop.
 
     With ``profile``, the ``steps`` steps after the warm-up run under ``torch.profiler`` instead,
     and the result is each op's self CPU time per step.
     """
-    import contextlib
-
-    import torch
     import torch.nn.functional as F
 
     n = warmup + steps
@@ -202,17 +230,10 @@ def run_plain(system: str, pos: str, warmup: int, steps: int, profile: bool = Fa
     else:
         model, opt, sched = build_xfam(pos, n)
     model.train()
-    times, losses = [], []
-    meter = CpuMeter()
-    prof = contextlib.nullcontext()
-    for i in range(n):
-        if i == warmup:
-            meter.start()
-            if profile:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                prof.__enter__()
+    losses = []
+
+    def step(i: int) -> None:
         batch = batches[i % len(batches)]
-        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         out = model(batch["input_ids"])
         logits = out.logits if system == "xfam" else out  # XfamModel returns a ModelOutput
@@ -221,18 +242,12 @@ def run_plain(system: str, pos: str, warmup: int, steps: int, profile: bool = Fa
         opt.step()
         if sched is not None:
             sched.step()
-        times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    if not profile:
-        return {**_result(model, times, losses, rss_before, warmup), **meter.stop()}
-    prof.__exit__(None, None, None)
-    ops = {
-        e.key: [round(e.self_cpu_time_total / 1e3 / steps, 3), e.count / steps]
-        for e in prof.key_averages()
-        if e.self_cpu_time_total > 0
-    }  # op -> [self CPU ms per step, calls per step]
-    opt_ms = sum(e.cpu_time_total for e in prof.key_averages() if e.key.startswith("Optimizer.step")) / 1e3 / steps
-    return {"ops": ops, "optimizer_ms": round(opt_ms, 3), "step_s": statistics.median(times[warmup:]), **meter.stop()}
+
+    times, cpu, ops = timed(step, n, warmup, profile)
+    if ops is None:
+        return {**_result(model, times, losses, rss_before, warmup), **cpu}
+    return {**ops, "step_s": statistics.median(times[warmup:]), **cpu}
 
 
 def run_lightning(pos: str, warmup: int, steps: int) -> dict[str, Any]:
