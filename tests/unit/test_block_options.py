@@ -5,7 +5,6 @@ The residual, norm and FFN options: tests/unit/test_block_residual.py."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from doubles import decode_logits
 
+from tests.unit.test_block_residual import record
 from xfam.attention._base import ATTENTION
 from xfam.attention.vanilla import reference_attention
 from xfam.core.mask import AttnMask
@@ -50,18 +50,6 @@ def tiny(task: str = "lm", pos: str = "rope", seed: int = 0, **opts) -> XfamMode
         exit={"name": "none"},
     )
     return model.eval()
-
-
-@contextlib.contextmanager
-def record(*modules: torch.nn.Module):
-    """Every forward call of ``modules`` in order, as ``(module, args, output)``."""
-    calls: list = []
-    hooks = [m.register_forward_hook(lambda mod, args, out: calls.append((mod, args, out))) for m in modules]
-    try:
-        yield calls
-    finally:
-        for h in hooks:
-            h.remove()
 
 
 def heads(x: torch.Tensor, n: int) -> torch.Tensor:
