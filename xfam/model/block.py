@@ -57,16 +57,16 @@ class SelfAttention(nn.Module):
         self.score_options = ScoreOptions(spec) if needs_scores(spec) else None
         self.value_residual = spec.value_residual
         self.head_scale = nn.Parameter(torch.ones(self.heads)) if spec.attn_head_scale else None
-        self.gate = nn.Linear(spec.dim, self.q_width) if spec.attn_gate else None
+        self.gate = None
+        if spec.attn_gate:  # AlphaFold2's init: W = 0, b = 1 (kept by the model's init: ``own_init_modules``)
+            self.gate = nn.Linear(spec.dim, self.q_width)
+            nn.init.zeros_(self.gate.weight)
+            nn.init.ones_(self.gate.bias)
         self.aoa = AttentionOnAttention(spec) if spec.attn_on_attn else None
 
     def own_init_modules(self) -> list[nn.Module]:
-        """Modules initialised here, not by the model's normal init: the AlphaFold2 gate (W = 0, b = 1)."""
-        if self.gate is None:
-            return []
-        nn.init.zeros_(self.gate.weight)
-        nn.init.ones_(self.gate.bias)
-        return [self.gate]
+        """Modules initialised here, which the model's normal init leaves alone: the AlphaFold2 gate."""
+        return [] if self.gate is None else [self.gate]
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, s, _ = x.shape
