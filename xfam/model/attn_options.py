@@ -36,11 +36,11 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xfam.core.bias import ScoreModifier
 from xfam.core.mask import AttnMask
+from xfam.model.fused import l2_normalize
 from xfam.model.spec import ModelSpec
 
 
@@ -79,10 +79,10 @@ class QKNorm(nn.Module):
     def q(self, x: Tensor) -> Tensor:
         if self.kind == "rms":
             return self.q_norm(x)
-        return F.normalize(x, dim=-1) * (self.scale * self.sqrt_dh).to(x.dtype)  # scores g cos(q, k)
+        return l2_normalize(x, self.scale * self.sqrt_dh)  # scores g cos(q, k)
 
     def k(self, x: Tensor) -> Tensor:
-        return self.k_norm(x) if self.kind == "rms" else F.normalize(x, dim=-1)
+        return self.k_norm(x) if self.kind == "rms" else l2_normalize(x)
 
 
 class ScoreOptions(ScoreModifier):

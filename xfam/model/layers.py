@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xfam.model.fused import glu
 from xfam.model.spec import GLU_FFNS, ModelSpec
 
 
@@ -63,8 +64,7 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.up(x)  # [B, S, hidden or 2*hidden]
         if self.glu:
-            a, b = h.chunk(2, dim=-1)
-            h = self.act(a) * b  # [B, S, hidden]
+            h = glu(h, self.act)  # [B, S, hidden]: act(a) * b for a, b = h.chunk(2, -1)
         else:
             h = self.act(h)
         if self.post_act_norm is not None:
