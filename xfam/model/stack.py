@@ -74,6 +74,7 @@ class Stack:
         front = plan.offset if plan.decoding else (0 if mem is None else mem.shape[1])
         docs = self.read_docs[step] if self.read_docs and plan.run_segments is not None and front else None
         ctx, augment = self.context(front, docs), self._augment(step)
+        h = self._layer_positions(step, h)
         if step == 0 and self.model.dual_norm is not None:  # ResiDual's second stream starts as the input
             self.carry.dual = [h]
         self.carry.step = step
@@ -141,6 +142,14 @@ class Stack:
             rotary=self.pos.rotary_tables(key_pos, self._dtype),
             decoding=plan.decoding,
         )
+
+    def _layer_positions(self, step: int, h: Tensor) -> Tensor:
+        """``h [B, lead + S, D]`` plus the encoding's per-layer vectors of the input rows (``layer_embedding``:
+        learned positions per layer); the lead aux rows take none."""
+        add = self.pos.layer_embedding(self.plan.positions, step)  # [S, D] or None
+        if add is None:
+            return h
+        return h + F.pad(add.to(h.dtype), (0, 0, h.shape[1] - add.shape[0], 0))  # [lead + S, D]
 
     def _state(self, step: int) -> DecodeState | None:
         return self.states[step] if self.states is not None else None

@@ -4,7 +4,8 @@ A positional encoding declares its ``kind`` (used only by the build-time compati
 and implements the hooks of that kind; the model calls every hook and the others are no-ops,
 so no code outside the registry switches on a name or a kind:
 
-* ``input``    -- ``embed`` adds a vector to the token embeddings (sinusoidal, learned);
+* ``input``    -- ``embed`` adds a vector to the token embeddings (sinusoidal, learned), or
+                  ``layer_embedding`` one to the input of every layer (learned_per_layer);
 * ``rotary``   -- ``rotary_tables`` + ``rotate`` rotate q and k before attention (RoPE);
 * ``bias``     -- ``score_bias`` returns a :class:`ScoreBias`, an additive term that depends only
                   on (head, query position, key position) (ALiBi, T5, dynamic bias);
@@ -52,6 +53,12 @@ class PositionalEncoding(nn.Module, Component):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         """``x [B, S, D]`` plus the encoding of ``positions [S]``."""
         return x
+
+    def layer_embedding(self, positions: Tensor, layer: int) -> Tensor | None:
+        """``[S, D]`` added to the input rows at ``positions [S]`` of layer ``layer`` (the step the stack runs:
+        a shared block's every run has its own index) before the block runs; None: nothing (every encoding
+        but one learned per layer)."""
+        return None
 
     def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, ...] | None:
         """Tables ``[S, ...]`` (indexed by position along dim 0) that ``rotate`` needs for ``positions [S]``
