@@ -21,11 +21,17 @@ from xfam.model.cross import CrossAttention, CrossSource
 from xfam.model.layers import FeedForward, make_norm
 from xfam.model.layout import DEFAULT_LAYOUT, BlockLayout
 from xfam.model.residual import Link
+from xfam.model.sepconv import SepConvTransition
 from xfam.model.shift import row_info, shift_amounts, shift_tokens
 from xfam.model.spec import ModelSpec
 
 #: A memory's hook into its layer's attention: ``(q [B, H, S, Dh], out [B, H, S, Dh]) -> out``.
 Augment = Callable[[Tensor, Tensor], Tensor]
+
+
+def make_ffn(spec: ModelSpec, causal: bool) -> nn.Module:
+    """The FFN of ``model.ffn``: position-wise, or the Universal Transformer's convolutional transition."""
+    return SepConvTransition(spec, causal) if spec.ffn == "sepconv" else FeedForward(spec)
 
 
 class SelfAttention(nn.Module):
@@ -174,10 +180,10 @@ class SelfAttention(nn.Module):
 class FFNSublayer(nn.Module):
     """An FFN sublayer beyond a block's first (macaron's leading half step, a custom order's extra f's)."""
 
-    def __init__(self, spec: ModelSpec, half: bool):
+    def __init__(self, spec: ModelSpec, half: bool, causal: bool = True):
         super().__init__()
         self.norm = make_norm(spec) if spec.residual != "rezero" else nn.Identity()
-        self.ffn, self.link = FeedForward(spec), Link(spec, half=half, ffn=True)
+        self.ffn, self.link = make_ffn(spec, causal), Link(spec, half=half, ffn=True)
 
 
 class Block(nn.Module):
@@ -204,17 +210,18 @@ class Block(nn.Module):
         self.attn = SelfAttention(spec, mechanism, layer)
         self.cross = CrossAttention(spec, cross, layer) if cross is not None else None
         self.norm_cross = norm(spec) if cross is not None else None
-        self.ffn = FeedForward(spec) if layout.after else None
+        self.ffn = make_ffn(spec, causal) if layout.after else None
         self.link_attn = Link(spec, post_norm=spec.attn_post_norm)
         self.link_cross = Link(spec) if cross is not None else None
         self.link_ffn = Link(spec, half=layout.half, ffn=True) if layout.after else None
-        self.before = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.before))
-        self.after = nn.ModuleList(FFNSublayer(spec, layout.half) for _ in range(layout.after - 1))
+        self.before = nn.ModuleList(FFNSublayer(spec, layout.half, causal) for _ in range(layout.before))
+        self.after = nn.ModuleList(FFNSublayer(spec, layout.half, causal) for _ in range(layout.after - 1))
         if spec.residual == "rezero":  # one alpha per layer, shared by its sublayers (the ReZero reference code)
             for link in self.links()[1:]:
                 link.gain = self.link_attn.gain
         self.layer_drop, self.num_layers = spec.layer_drop, spec.layers
         self.shifts = shift_amounts(spec.shift_tokens, causal) if spec.shift_tokens else None
+        self.keeps_rows = self.shifts is not None or spec.ffn == "sepconv"  # decode state: sublayers' last rows
 
     def forward(
         self,
@@ -230,14 +237,21 @@ class Block(nn.Module):
         earlier layers of the call pass on (options that read them)."""
         keep = self._survivors(x, 0 if carry is None else carry.step)
         dual = None if carry is None else carry.dual
-        if self.shifts is not None:  # the decode state then also keeps each sublayer's last input rows
-            shift_prev = {} if state is None else state["shift"]
-            state, shift_new = None if state is None else state["mechanism"], {}
-            shifted = lambda name, f: lambda h: f(self._shift(h, ctx, name, shift_prev, shift_new))  # noqa: E731
+        rows_prev, rows_new = {}, {}  # the decode state then also keeps sublayers' last rows (shift, convolution)
+        if self.keeps_rows and state is not None:
+            rows_prev, state = state["rows"], state["mechanism"]
+        if self.shifts is not None:
+            shifted = lambda name, f: lambda h: f(self._shift(h, ctx, name, rows_prev, rows_new))  # noqa: E731
         else:
             shifted = lambda name, f: f  # noqa: E731
+
+        def ffn(name: str, f: nn.Module) -> Callable[[Tensor], Tensor]:
+            if not getattr(f, "mixes_rows", False):
+                return shifted(name, f)
+            return shifted(name, lambda h: self._transition(f, h, ctx, name, rows_prev, rows_new))
+
         for i, sub in enumerate(self.before):
-            x = sub.link(x, shifted(f"before{i}", sub.ffn), sub.norm, keep, dual)
+            x = sub.link(x, ffn(f"before{i}", sub.ffn), sub.norm, keep, dual)
         if mem is not None and self.pre:  # memory: states of this layer's input, normed as its rows are
             mem = self.norm1(mem)
         new_state = [state]
@@ -250,11 +264,11 @@ class Block(nn.Module):
         if self.cross is not None:
             x = self.link_cross(x, lambda h: self.cross(h, source), self.norm_cross, keep, dual)
         if self.ffn is not None:
-            x = self.link_ffn(x, shifted("ffn", self.ffn), self.norm2, keep, dual)
+            x = self.link_ffn(x, ffn("ffn", self.ffn), self.norm2, keep, dual)
         for i, sub in enumerate(self.after):
-            x = sub.link(x, shifted(f"after{i}", sub.ffn), sub.norm, keep, dual)
-        if self.shifts is not None and ctx.decoding:
-            return x, {"mechanism": new_state[0], "shift": shift_new}
+            x = sub.link(x, ffn(f"after{i}", sub.ffn), sub.norm, keep, dual)
+        if self.keeps_rows and ctx.decoding:
+            return x, {"mechanism": new_state[0], "rows": rows_new}
         return x, new_state[0]
 
     def links(self) -> list[Link]:
@@ -285,6 +299,14 @@ class Block(nn.Module):
         if ctx.decoding:
             keep = max(self.shifts)
             new[name] = (h if before is None else torch.cat((before, h), dim=1))[:, -keep:]
+        return out
+
+    def _transition(self, f: nn.Module, h: Tensor, ctx: LayerContext, name: str, prev: dict, new: dict) -> Tensor:
+        """A transition that mixes rows (``ffn=sepconv``) on ``h [B, S, D]``: it reads the layer's padding and
+        documents and, in decoding, the rows it kept in the previous call."""
+        out, kept = f(h, ctx.mask, prev.get(f"conv/{name}"))
+        if ctx.decoding:
+            new[f"conv/{name}"] = kept
         return out
 
     def residual_projections(self) -> list[nn.Module]:

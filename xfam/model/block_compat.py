@@ -72,6 +72,11 @@ OPTIONS: dict[str, BlockOption] = {
     "ffn=geglu": BlockOption({"ffn": "geglu"}, "Shazeer, 2020, arXiv:2002.05202", "(GELU(W x) * V x) W2"),
     "ffn=reglu": BlockOption({"ffn": "reglu"}, "Shazeer, 2020, arXiv:2002.05202", "(ReLU(W x) * V x) W2"),
     "ffn=relu2": BlockOption({"ffn": "relu2"}, "So et al., 2021 (Primer), arXiv:2109.08668", "ReLU(W x)^2 W2"),
+    "ffn=sepconv": BlockOption(
+        {"ffn": "sepconv"},
+        "Dehghani et al., 2019 (Universal Transformers), arXiv:1807.03819",
+        "sepconv-ReLU-sepconv transition, kernels 3, 5",
+    ),
     "ffn_post_act_norm": BlockOption(
         {"ffn_post_act_norm": True}, "Shleifer et al., 2021 (NormFormer)", "a norm after the activation"
     ),
@@ -173,6 +178,7 @@ def reasons(spec: ModelSpec, sel: Any) -> list[str]:
             f"first rows would need the previous segment's last rows, which memory does not keep per sublayer. "
             f"Fix: memory=none, or model.shift_tokens=0."
         )
+    out += _sepconv_reasons(spec, sel)
     if spec.forgetful_mask and not sel.causal:
         out.append(
             f"model.forgetful_mask={spec.forgetful_mask} is the forgetful *causal* mask (it hides past tokens from "
@@ -199,6 +205,7 @@ def reasons(spec: ModelSpec, sel: Any) -> list[str]:
             ("model.residual_attn", spec.residual_attn, "scores passed between layers are not recomputed"),
             ("model.value_residual", spec.value_residual, "first-layer values are not recomputed"),
             ("model.shift_tokens", spec.shift_tokens > 0, "the reversible functions see one sublayer at a time"),
+            ("model.ffn=sepconv", spec.ffn == "sepconv", "its FFN function sees neither padding nor documents"),
             (_layout_fields(spec), _layout_changed(spec), "it runs exactly one attention and one FFN per layer"),
             ("model.share_layers", spec.share_layers, "it runs each layer's own block once, in one pass"),
         ]
@@ -206,3 +213,31 @@ def reasons(spec: ModelSpec, sel: Any) -> list[str]:
             if on:
                 out.append(f"{name} with model.reversible=true: {why}. Fix: model.reversible=false, or drop {name}.")
     return out
+
+
+def _sepconv_reasons(spec: ModelSpec, sel: Any) -> list[str]:
+    """The Universal Transformer's convolutional transition (``xfam.model.sepconv``): odd kernels, no memory."""
+    out = []
+    kernels = {"sepconv_kernel1": spec.sepconv_kernel1, "sepconv_kernel2": spec.sepconv_kernel2}
+    if spec.ffn != "sepconv":
+        changed = [f"model.{n}={k}" for n, k in kernels.items() if k != _DEFAULT_KERNELS[n]]
+        if changed:
+            out.append(f"{', '.join(changed)} applies to model.ffn=sepconv. Fix: model.ffn=sepconv, or drop it.")
+        return out
+    for name, k in kernels.items():
+        if k % 2 == 0:
+            out.append(
+                f"model.{name}={k} must be odd: the convolution pads (k - 1) / 2 rows on each side when "
+                f"bidirectional and k - 1 in front when causal, as the Universal Transformer's code does. "
+                f"Fix: model.{name}={k + 1} (or {k - 1})."
+            )
+    if sel.has_memory:
+        out.append(
+            "model.ffn=sepconv convolves along the sequence, and with memory a segment's first rows would need the "
+            "previous segment's last rows, which memory does not keep per sublayer. Fix: memory=none, or another "
+            "model.ffn."
+        )
+    return out
+
+
+_DEFAULT_KERNELS = {f.name: f.default for f in dataclasses.fields(ModelSpec) if f.name.startswith("sepconv_kernel")}

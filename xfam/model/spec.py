@@ -28,7 +28,10 @@ class ModelSpec:
         kv_heads: key/value heads for grouped-query attention (divides ``heads``); null = heads.
         head_dim: per-head width Dh; null = dim / heads.
         ffn: ``gelu`` (Linear-GELU-Linear), ``relu`` (the original Transformer), ``relu2`` (squared ReLU,
-            Primer), or a gated linear unit (Shazeer, 2020): ``swiglu``, ``geglu``, ``reglu``.
+            Primer), a gated linear unit (Shazeer, 2020): ``swiglu``, ``geglu``, ``reglu``, or ``sepconv``: the
+            Universal Transformer's separable-convolution transition (``xfam.model.sepconv``).
+        sepconv_kernel1, sepconv_kernel2: ``ffn=sepconv``'s kernel sizes along the sequence (odd), of the
+            depthwise convolution into the hidden width and of the one out of it (3 and 5 in the UT code).
         ffn_mult: FFN hidden width as a multiple of ``dim`` (for the gated units scaled by 2/3, rounded
             up to a multiple of 8, which keeps the parameter count of the GELU FFN).
         norm: ``layernorm``, ``rmsnorm`` (Zhang & Sennrich, 2019), ``simple_rmsnorm`` (RMSNorm without a
@@ -107,7 +110,9 @@ class ModelSpec:
     heads: Annotated[int, Positive] = 4
     kv_heads: Annotated[int, Positive] | None = None
     head_dim: Annotated[int, Positive] | None = None
-    ffn: Literal["gelu", "relu", "relu2", "swiglu", "geglu", "reglu"] = "gelu"
+    ffn: Literal["gelu", "relu", "relu2", "swiglu", "geglu", "reglu", "sepconv"] = "gelu"
+    sepconv_kernel1: Annotated[int, Positive] = 3
+    sepconv_kernel2: Annotated[int, Positive] = 5
     ffn_mult: Annotated[float, Positive] = 4.0
     norm: Literal["layernorm", "rmsnorm", "simple_rmsnorm", "scalenorm"] = "layernorm"
     norm_position: Literal["pre", "post", "sandwich", "deepnorm", "resi_dual"] = "pre"
