@@ -20,15 +20,49 @@ No (n_g + n_l)^2 matrix. ETC is an encoder: bidirectional only, and without memo
 
 A score bias (ALiBi, T5 ...) is evaluated at the concatenated key indices: between long tokens it is
 the usual relative bias; between a global token and a long token it sees the global at index s < n_g
-in front of the text (ETC uses dedicated relative-position labels there instead).
+in front of the text.
+
+**Relative position labels** (``relative: true``; ETC sec. 3, after Shaw et al., 2018, arXiv:1803.02155): every
+(query, key) pair of the four pieces gets a label l, and the score is ``(q . k + q . a_l + b_l) / sqrt(Dh)``
+with a learned vector a_l ``[H, Dh]`` and scalar b_l ``[H]`` per label and head (ETC's code keeps both
+tables; b starts at 0), one pair of tables for the long queries (l2l, l2g) and one for the global queries
+(g2g, g2l), in every layer. With k = ``max_distance``:
+
+* l2l: the clipped distance ``clip(u - t, -k, k)`` between long tokens t -> u (2k + 1 labels);
+* g2g: the clipped distance between the global tokens' indices (2k + 1 labels);
+* l2g and g2l: two labels, *own* when the long token lies in the global token's segment (the one it
+  summarises) and *other* otherwise: ETC's hierarchical labels that tell a global token's own long tokens
+  from the rest (the paper's sentence; here the fixed chunk of ``g2l: segment``, also under ``g2l: full``).
+
+The term reaches the block engine through its score-bias hook (``RelativeScores``: a per-call,
+query-dependent bias ``[B, H, ...]`` on the visited pairs), so the banded fast path stays O(n_l (2r + 1 + n_g)).
+The model's positional encoding still applies (``pos=none`` gives ETC's relative-only model).
+
+**CPC** (``cpc_weight > 0``; ETC's pre-training, sec. 3, after Oord et al., 2018, arXiv:1807.03748): ETC masks
+some sentences' tokens in the input and trains the global summary token of each masked sentence to predict,
+by an InfoNCE loss, the representation that a global token seeing only the unmasked sentence gets; the
+other masked sentences of the batch are the negatives. xfam's data marks no sentences and masks no input for
+this, so the mechanism poses the task inside each ETC layer, on its segments: for global token s (query q_s),
+
+    prediction  p_s = attention of q_s over the real long tokens *outside* segment s   (segment s masked)
+    target      t_s = attention of q_s over the real long tokens *of* segment s only  (the summary of it)
+    loss        -mean_i log softmax_j(<p_i, t_j> / sqrt(H Dh))[i],   i, j over the (row, segment) pairs of the
+                batch with both views non-empty (every other pair is a negative)
+
+(content scores only, heads concatenated), times ``cpc_weight``, returned as ``attention/cpc`` (summed over
+layers). In the first layer, whose rows are embeddings, hiding segment s from the query is the paper's input
+masking; in deeper layers the context rows already carry what earlier layers mixed in from segment s (through
+the local window and the global tokens), so the task is easier there than with ETC's input masking.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from xfam.attention._base import ATTENTION, AttentionMechanism
 from xfam.attention._sparse import (
@@ -42,7 +76,7 @@ from xfam.attention._sparse.engine import dense_rows
 from xfam.core.bias import ScoreBias, ScoreModifier
 from xfam.core.logs import log_once
 from xfam.core.mask import AttnMask
-from xfam.core.registry import Positive, Probability, defaults_of
+from xfam.core.registry import NonNegative, Positive, Probability, defaults_of
 from xfam.core.state import expand_kv
 
 #: Refusal of ``model.num_memory_tokens`` with ETC (build-time check and model builder).
@@ -96,6 +130,10 @@ class ETC(AttentionMechanism):
         block: tile of the block engine (speed only).
         backend: ``auto`` (block engine + dense global rows), ``block`` or ``dense`` (the reference).
         dropout: dropout on the attention probabilities.
+        relative: ETC's relative position labels in the four pieces (the module docstring).
+        max_distance: k, the clipping distance of the l2l and g2g labels (12 in ETC's released configuration).
+        cpc_weight: weight of the CPC auxiliary loss (0: off; the module docstring).
+        heads, head_dim: injected sizes (the relative tables are per head; the model always passes them).
     """
 
     paper = "Ainslie et al., 2020, arXiv:2004.08483"
@@ -114,12 +152,21 @@ class ETC(AttentionMechanism):
         block: Annotated[int, Positive] = 64,
         backend: Literal["auto", "block", "dense"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
+        relative: bool = False,
+        max_distance: Annotated[int, Positive] = 12,
+        cpc_weight: Annotated[float, NonNegative] = 0.0,
+        heads: int | None = None,
+        head_dim: int | None = None,
     ):
         super().__init__()
         self.aux_tokens = global_tokens  # read by the model: it prepends this many learned global tokens
         self.radius, self.g2l, self.block, self.backend, self.dropout = radius, g2l, block, backend, dropout
-        self.chunk = -(-max_len // global_tokens) if g2l == "segment" else None
+        self.segment = -(-max_len // global_tokens)  # long tokens per global token's segment
+        self.chunk = self.segment if g2l == "segment" else None
         self._patterns: dict[tuple[int, bool], ETCPattern] = {}
+        self.relative = RelativeLabels(heads, head_dim, max_distance, self.segment) if relative else None
+        self.cpc_weight = cpc_weight
+        self._aux: dict[str, Tensor] = {}
 
     def rule(self, start: int, long_only: bool) -> ETCPattern:
         """The rule with the globals at key indices ``start ..`` (the whole rule, or the long rows' part)."""
@@ -139,16 +186,42 @@ class ETC(AttentionMechanism):
     ) -> Tensor:
         p = self.dropout if self.training else 0.0
         n_g, start = self.aux_tokens, mask.offset  # the globals are the first n_g queries
+        kh, vh = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # [B, H, Sk, Dh]
+        self._aux = {"cpc": self.cpc_weight * self.cpc_loss(q, kh, vh, mask)} if self.cpc_weight else {}
+        if self.relative is not None:
+            bias = RelativeScores(self.relative, q, start, n_g, bias)
         if self.backend == "dense":
             return dense_sparse_attention(q, k, v, self.rule(start, False), mask, bias, p)
         if self.backend == "auto":
             log_once("attention=etc backend=auto: block engine (long rows) + dense global rows")
         long_mask = mask.memo(("etc_long", n_g), lambda: _long_mask(mask, n_g))
         out_long = block_sparse_attention(q[:, :, n_g:], k, v, self.rule(start, True), long_mask, bias, p)
-        kh, vh = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # [B, H, Sk, Dh]
         rows = torch.arange(n_g, device=q.device)  # g2g and g2l: the rule's rows over every key
         out_glob = dense_rows(q[:, :, :n_g], kh, vh, rows, mask, bias, p, self.rule(start, False))
         return torch.cat((out_glob, out_long), dim=2)  # [B, H, n_g + n_l, Dh]
+
+    def cpc_loss(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask) -> Tensor:
+        """The CPC InfoNCE loss of this layer (unweighted; the module docstring): ``q [B, H, n_g + n_l, Dh]``,
+        ``k, v [B, H, Sk, Dh]`` (H heads)."""
+        n_g, first_long = self.aux_tokens, mask.offset + self.aux_tokens
+        qg, kl, vl = q[:, :, :n_g], k[:, :, first_long:], v[:, :, first_long:]  # [B, H, G, Dh], [B, H, L, Dh]
+        n_l = kl.shape[2]
+        seg = segment_of(torch.arange(n_l, device=q.device), self.segment)  # [L]
+        own = seg == torch.arange(n_g, device=q.device)[:, None]  # [G, L]: long token u lies in segment s
+        real = torch.ones(q.shape[0], n_l, dtype=torch.bool, device=q.device)
+        if mask.key_padding is not None:
+            real = mask.key_padding[:, -n_l:]
+        scores = qg @ kl.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, G, L]
+        views = []
+        for keys in (own[None] & real[:, None], ~own[None] & real[:, None]):  # [B, G, L]: target, prediction
+            probs = torch.softmax(scores.masked_fill(~keys[:, None], torch.finfo(scores.dtype).min), dim=-1)
+            views.append((probs @ vl).transpose(1, 2).flatten(2))  # [B, G, H*Dh]
+        target, pred = views
+        valid = (own[None] & real[:, None]).any(-1) & (~own[None] & real[:, None]).any(-1)  # [B, G]
+        return info_nce(pred[valid], target[valid])
+
+    def aux_losses(self) -> dict[str, Tensor]:
+        return self._aux
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
@@ -184,6 +257,12 @@ class ETC(AttentionMechanism):
             )
         if selection.num_memory_tokens:
             out.append(MEMORY_TOKENS_REFUSAL)
+        if selection.reversible and any({**defaults_of(cls), **p}["cpc_weight"] for p, _ in mine):
+            out.append(
+                "attention.cpc_weight > 0 returns ETC's CPC loss, an auxiliary loss, which needs the ordinary "
+                "autograd graph that reversible layers do not keep. Fix: attention.cpc_weight=0, or "
+                "model.reversible=false."
+            )
         exit_cls = selection.exit[0]
         if exit_cls.early_exit:
             out.append(
@@ -207,3 +286,77 @@ def _long_mask(mask: AttnMask, n_g: int) -> AttnMask:
         segments=mask.segments,
         window=mask.window,
     )
+
+
+def segment_of(long_index: Tensor, segment: int) -> Tensor:
+    """The global token whose segment holds long token ``long_index`` (fixed chunks of ``segment`` tokens)."""
+    return torch.div(long_index, segment, rounding_mode="floor")
+
+
+def info_nce(pred: Tensor, target: Tensor) -> Tensor:
+    """InfoNCE (Oord et al., 2018) of ``pred [N, E]`` against ``target [N, E]``: each prediction's own target
+    is its positive, the other N - 1 targets its negatives; scores ``<p_i, t_j> / sqrt(E)``. Zero for N < 2."""
+    if pred.shape[0] < 2:
+        return pred.sum() * 0.0
+    logits = pred @ target.T / math.sqrt(pred.shape[-1])  # [N, N]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (a half-precision run: in fp32)
+    return F.cross_entropy(logits, torch.arange(pred.shape[0], device=pred.device))
+
+
+class RelativeLabels(nn.Module):
+    """ETC's relative position labels and their learned tables (the module docstring): labels ``0 .. 2k`` the
+    clipped distance (l2l, g2g), ``2k + 1`` *other* and ``2k + 2`` *own* (l2g, g2l); for the long queries
+    ``long_emb [V, H, Dh]`` / ``long_bias [V, H]``, for the global queries ``global_emb`` / ``global_bias``."""
+
+    def __init__(self, heads: int, head_dim: int, max_distance: int, segment: int):
+        super().__init__()
+        self.k, self.segment = max_distance, segment
+        n = 2 * max_distance + 3
+        self.long_emb = nn.Parameter(torch.randn(n, heads, head_dim) * 0.02)
+        self.global_emb = nn.Parameter(torch.randn(n, heads, head_dim) * 0.02)
+        self.long_bias = nn.Parameter(torch.zeros(n, heads))
+        self.global_bias = nn.Parameter(torch.zeros(n, heads))
+
+    def labels(self, q_pos: Tensor, k_pos: Tensor, start: int, n_g: int) -> Tensor:
+        """Labels at broadcast key indices (globals at ``start .. start + n_g - 1``, long tokens after them)."""
+        first_long = start + n_g
+        q_glob, k_glob = q_pos < first_long, k_pos < first_long
+        qi = torch.where(q_glob, q_pos - start, q_pos - first_long)  # global index s or long index t
+        ki = torch.where(k_glob, k_pos - start, k_pos - first_long)
+        rel = (ki - qi).clamp(-self.k, self.k) + self.k  # l2l, g2g
+        own = torch.where(q_glob, segment_of(ki, self.segment) == qi, segment_of(qi, self.segment) == ki)
+        return torch.where(q_glob != k_glob, 2 * self.k + 1 + own.long(), rel)
+
+    def row_terms(self, q: Tensor, n_g: int) -> Tensor:
+        """``(q . a_l + b_l) / sqrt(Dh)`` for every query row and label: ``[B, H, n_g + n_l, V]``."""
+        scale = 1 / math.sqrt(q.shape[-1])
+        glob = torch.einsum("bhqd,vhd->bhqv", q[:, :, :n_g], self.global_emb.to(q.dtype)) + self.global_bias.T[
+            :, None
+        ].to(q.dtype)
+        long = torch.einsum("bhqd,vhd->bhqv", q[:, :, n_g:], self.long_emb.to(q.dtype)) + self.long_bias.T[:, None].to(
+            q.dtype
+        )
+        return torch.cat((glob, long), dim=2) * scale
+
+
+class RelativeScores:
+    """The relative term of one call as the engine's score-bias hook sees it (``pairs`` / ``dense``), plus the
+    model's own bias if any. Unlike a ``ScoreBias`` it depends on the call's queries: ``[B, H, ...]``, which the
+    engine's ``[B, H, ...]`` scores take by broadcasting."""
+
+    def __init__(self, rel: RelativeLabels, q: Tensor, start: int, n_g: int, bias: ScoreBias | None):
+        self.rel, self.start, self.n_g, self.bias = rel, start, n_g, bias
+        self.terms = rel.row_terms(q, n_g)  # [B, H, n_g + n_l, V]
+        self.heads = q.shape[1]
+
+    def pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        labels = self.rel.labels(q_pos, k_pos, self.start, self.n_g)
+        rows = (q_pos - self.start).clamp(0, self.terms.shape[2] - 1).expand_as(labels)
+        n_labels = self.terms.shape[-1]
+        flat = self.terms.flatten(2)[:, :, (rows * n_labels + labels).flatten()]  # [B, H, pairs]
+        out = flat.view(*self.terms.shape[:2], *labels.shape)
+        return out if self.bias is None else out + self.bias.pairs(q_pos, k_pos).to(out.dtype)
+
+    def dense(self, mask: AttnMask, dtype: torch.dtype = torch.float32) -> Tensor:
+        q_pos, k_pos = mask.positions(self.terms.device)
+        return self.pairs(q_pos[:, None], k_pos[None, :]).to(dtype)  # [B, H, Sq, Sk]
