@@ -8,6 +8,7 @@ from xfam.attention import (  # noqa: F401  (registration)
     fixed,
     linformer,
     local,
+    local2d,
     longformer,
     lsh,
     performer,

@@ -158,6 +158,13 @@ def _pair_length_problems(data: Mapping[str, Any], arch: str, spec: ModelSpec, s
     ]
 
 
+def _image_of(data_cls: Any, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The geometry of the data's images for ``Selection.image`` (a source with ``image_geometry``: ``data=pixels``);
+    None for other data, and for a data section with problems of its own (reported already)."""
+    geometry = getattr(data_cls, "image_geometry", None)
+    return geometry(data) if geometry is not None and not DATA.check(data, {}) else None
+
+
 def validate(cfg: Mapping[str, Any]) -> RunConfig:
     """Raise one ``ConfigError`` with every problem in ``cfg`` (a plain, resolved config dict); a valid one
     comes back as its ``RunConfig`` (built from a copy of ``cfg``: later changes to ``cfg`` do not reach it)."""
@@ -220,6 +227,7 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
             f"model is a {arch}. Fix: remove the encoder.* overrides, or a source of pairs with model.arch=auto."
         )
     if sel is not None:
+        sel.image = _image_of(data_cls, cfg["data"])
         problems += compat.check(sel)
         problems += _metric_problems(cfg, data_cls, sel)
         seq_len = cfg["data"].get("seq_len")

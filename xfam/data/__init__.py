@@ -6,6 +6,7 @@ from xfam.data import (  # noqa: F401  (registration)
     duplication,
     far_recall,
     hf,
+    images,
     listops,
     parity,
     pytokens,

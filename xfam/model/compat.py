@@ -29,7 +29,9 @@ class Selection:
     options of the same names; ``documents``: the data marks documents in packed rows (``doc_mask``).
     ``arch``: the model shape (``model.arch`` resolved); ``cross``: an encoder-decoder's cross-attention
     ``(class, params)`` per distinct configuration (empty for one stack). ``block``: the model spec, whose block
-    options ``xfam.model.block_compat`` checks against the slots (None: none set).
+    options ``xfam.model.block_compat`` checks against the slots (None: none set). ``image``: the geometry of the
+    data's images when its rows are images (``shape``, ``order``, ``block``: ``data=pixels``), for the mechanisms
+    that lay an image over the sequence (None: the data's rows are not images).
     """
 
     attention: list[tuple[type[AttentionMechanism], dict[str, Any], bool]]
@@ -46,6 +48,7 @@ class Selection:
     arch: str = "decoder"
     cross: list[tuple[type[AttentionMechanism], dict[str, Any]]] = dataclasses.field(default_factory=list)
     block: ModelSpec | None = None
+    image: dict[str, Any] | None = None
 
     @property
     def has_memory(self) -> bool:
