@@ -26,9 +26,12 @@ def test_every_option_composes_and_validates(group: str, option: str) -> None:
     if group == "attention" and not ATTENTION.get(option).causal:  # encoder-only: on a classification task
         overrides.append("data=listops")
     if group == "task":  # a task is the data's own (or masked LM over text): data that has it
-        overrides += {"classify": ["data=listops"], "tag": ["data=pytokens"], "seq2seq": ["data=seq2seq_toy"]}.get(
-            option, []
-        )
+        overrides += {
+            "classify": ["data=listops"],
+            "tag": ["data=pytokens"],
+            "seq2seq": ["data=seq2seq_toy"],
+            "regress": ["data=timeseries"],
+        }.get(option, [])
     if (group, option) == ("experiment", "listops_mlm"):  # needs the corpus scripts/exp_seq2seq.py writes
         with pytest.raises(ConfigError, match="Fix: set data.paths"):
             validate(compose_cfg(overrides))

@@ -29,7 +29,8 @@ def test_defaults_validate_and_build_without_preparing(name):
     cfg = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     assert DATA.check(cfg, {}) == []
     src = DATA.build(cfg)
-    seq_len = cfg["seq_len"] if "seq_len" in cfg else max(cfg["source_len"], cfg["target_len"])  # (pairs)
+    pairs = max(cfg["source_len"], cfg["target_len"]) if "source_len" in cfg else None  # (images: no length)
+    seq_len = cfg.get("seq_len", pairs)
     assert src.seq_len == seq_len and src.batch_size == cfg["batch_size"]
     with pytest.raises(RuntimeError, match="prepare"):
         src.split("train")

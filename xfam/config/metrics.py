@@ -16,11 +16,12 @@ AUX_METRIC_SLOTS = ("attention", "memory", "exit")
 def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
     """The metric names a run of ``cfg`` returns when it ends (``runner.train``; what ``optimized_metric``
     may name): ``step``, ``train/tokens_per_s``, and for val (and test, with ``test=true``) the task's metrics
-    (``xfam.eval.metrics.summarize``): loss and acc; lm, seq2seq, mlm: ppl, and (not mlm) bpb for byte-backed text;
-    seq2seq: bleu, chrf, exact_match of generated outputs (``task.eval_generate_rows`` > 0); an exit policy's depth
-    and compute_saved; an early-exit policy's full-depth metrics and agreement. Aux losses
+    (``xfam.eval.metrics.summarize``): loss and acc (regress: loss, mse, rmse, mae); lm, seq2seq, mlm: ppl, and
+    (not mlm) bpb for byte-backed text; seq2seq: bleu, chrf, exact_match of generated outputs
+    (``task.eval_generate_rows`` > 0); an exit policy's depth and compute_saved; an early-exit policy's
+    full-depth metrics and agreement. Aux losses
     (``val/attention/span`` ...) are named by the components and matched by prefix (``AUX_METRIC_SLOTS``)."""
-    names = ["loss", "acc"]
+    names = ["loss", "mse", "rmse", "mae"] if sel.task == "regress" else ["loss", "acc"]
     if sel.task in ("lm", "seq2seq", "mlm"):
         text = data_cls is not None and data_cls.byte_text and sel.task != "mlm"
         names += ["ppl"] + (["bpb"] if text else [])

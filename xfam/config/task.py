@@ -1,12 +1,13 @@
 """The ``task`` group: what is trained on the data, and the model shape that serves it.
 
 A data source has a task of its own (``DataSource.task_for``): ``lm`` (text), ``classify``, ``tag`` (a class
-per token) or ``seq2seq`` (source/target pairs). ``task=auto`` takes it; ``task=mlm`` trains a bidirectional
-encoder on any text source with BERT's masked-token objective instead (the only task that changes the
-data's); naming the data's own task is allowed and changes nothing.
+per token), ``seq2seq`` (source/target pairs) or ``regress`` (continuous vectors, each next one predicted
+with a mean squared error: ``data=timeseries``, docs/inputs.md). ``task=auto`` takes it; ``task=mlm`` trains a
+bidirectional encoder on any text source with BERT's masked-token objective instead (the only task that
+changes the data's); naming the data's own task is allowed and changes nothing.
 
-``model.arch=auto`` follows the task: seq2seq -> ``encoder_decoder``, lm -> ``decoder``, the others ->
-``encoder``. A ``decoder`` on seq2seq pairs reads the source as a prefix of the target (a prefix LM with the
+``model.arch=auto`` follows the task: seq2seq -> ``encoder_decoder``, lm and regress -> ``decoder``, the others
+-> ``encoder``. A ``decoder`` on seq2seq pairs reads the source as a prefix of the target (a prefix LM with the
 loss on the target only: the decoder-only baseline of an encoder-decoder).
 """
 
@@ -24,7 +25,7 @@ class TaskSpec:
     """The ``task`` section (``configs/task/<name>.yaml``; each file lists the keys its task reads).
 
     Attributes:
-        name: ``auto`` (the data's task) or one of ``lm``, ``mlm``, ``classify``, ``tag``, ``seq2seq``.
+        name: ``auto`` (the data's task) or one of ``lm``, ``mlm``, ``classify``, ``tag``, ``seq2seq``, ``regress``.
         rate / mask_frac / random_frac / span: masked LM (``xfam.data.masking``): the share of real tokens
             selected; of those, the share replaced by [MASK] and by a random token (the rest kept); SpanBERT's
             contiguous spans instead of single tokens.
@@ -34,7 +35,7 @@ class TaskSpec:
         max_new_tokens: the longest generated output (null: the data's ``target_len``).
     """
 
-    name: Literal["auto", "lm", "mlm", "classify", "tag", "seq2seq"] = "auto"
+    name: Literal["auto", "lm", "mlm", "classify", "tag", "seq2seq", "regress"] = "auto"
     rate: Annotated[float, Probability] = 0.15
     mask_frac: Annotated[float, Probability] = 0.8
     random_frac: Annotated[float, Probability] = 0.1
@@ -78,18 +79,19 @@ def arch_problems(arch: str, task: str, causal: bool | None, data_name: str) -> 
             f"model.arch=encoder_decoder maps a source to a target; data={data_name} is a {task} task without pairs. "
             f"Fix: model.arch=auto, or a source of pairs ({pairs})."
         ]
-    if arch == "encoder" and task in ("lm", "seq2seq"):
+    if arch == "encoder" and task in ("lm", "seq2seq", "regress"):
+        item = "vector" if task == "regress" else "token"
         return [
-            f"model.arch=encoder is bidirectional, and a {task} task predicts each next token: the encoder would "
-            f"see it. Fix: model.arch=auto ({'encoder_decoder' if task == 'seq2seq' else 'decoder'}), or task=mlm "
-            f"to pretrain an encoder on text."
+            f"model.arch=encoder is bidirectional, and a {task} task predicts each next {item}: the encoder would "
+            f"see it. Fix: model.arch=auto ({'encoder_decoder' if task == 'seq2seq' else 'decoder'})"
+            + (", or task=mlm to pretrain an encoder on text." if task != "regress" else ".")
         ]
     if arch == "decoder" and task == "mlm":
         return [
             "task=mlm predicts masked tokens from both sides; model.arch=decoder sees only the left. "
             "Fix: model.arch=auto (encoder)."
         ]
-    if causal is False and arch in ("decoder", "encoder_decoder") and task != "lm":  # (lm: validation's own message)
+    if causal is False and arch in ("decoder", "encoder_decoder") and task not in ("lm", "regress"):  # (validation's)
         return [
             f"model.causal=false with model.arch={arch}: a decoder predicts each next token and must not see it. "
             f"Fix: model.causal=null."

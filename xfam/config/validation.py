@@ -27,6 +27,7 @@ from xfam.core.schedule import per_layer
 from xfam.data.base import DATA
 from xfam.model import compat
 from xfam.model.init_from import FinetuneSpec, finetune_problems
+from xfam.model.inputs import TOKENS, input_problems
 from xfam.model.spec import ModelSpec
 
 SECTIONS = (
@@ -131,6 +132,11 @@ def _causal_problems(spec: ModelSpec, task: str, data: Any) -> list[str]:
             f"language modelling) or model.causal=true, or a classification dataset ({classify}) for a "
             f"bidirectional model."
         ]
+    if task == "regress" and spec.causal is False:
+        return [
+            f"model.causal=false with data={data}, a regress task: each position is trained to predict the next "
+            f"vector, and with bidirectional attention it sees that vector. Fix: model.causal=null."
+        ]
     if task == "classify" and spec.causal is True and spec.pool == "cls":
         return [
             f"model.causal=true with model.pool=cls on data={data}: under causal attention the first token sees "
@@ -193,7 +199,8 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         problems.append(unknown_choice("data", cfg["data"].get("name"), DATA.names(), "pass data=<one of them>."))
         data_cls = None
     else:
-        problems += DATA.check(cfg["data"], {})
+        data_problems = DATA.check(cfg["data"], {})
+        problems += data_problems
         data_cls = DATA.get(cfg["data"]["name"])
     model_problems = check_params(ModelSpec, cfg["model"], "model", structural=())
     model_problems += _missing_keys(ModelSpec, cfg["model"], "model")
@@ -227,6 +234,10 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
             f"model is a {arch}. Fix: remove the encoder.* overrides, or a source of pairs with model.arch=auto."
         )
     if sel is not None:
+        # What the data's rows are (token ids, vectors, images: xfam.model.inputs), for the checks that need ids.
+        inputs = data_cls.inputs_for(cfg["data"]) if data_cls is not None and not data_problems else TOKENS
+        sel.inputs = inputs["kind"]
+        problems += input_problems(inputs, spec, data_name, sel.pos[0].bounded)
         sel.image = _image_of(data_cls, cfg["data"])
         problems += compat.check(sel)
         problems += _metric_problems(cfg, data_cls, sel)

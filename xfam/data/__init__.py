@@ -2,6 +2,7 @@
 
 from xfam.data import (  # noqa: F401  (registration)
     assoc_recall,
+    digits,
     docstrings,
     duplication,
     far_recall,
@@ -13,6 +14,7 @@ from xfam.data import (  # noqa: F401  (registration)
     repeat_segments,
     seq2seq_toy,
     text,
+    timeseries,
 )
 from xfam.data.base import DATA, DataSource
 

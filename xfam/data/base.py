@@ -14,10 +14,18 @@ Rows (columns of each split, torch-formatted):
 * classification (``task = "classify"``): ``input_ids`` int ``[n <= S]`` and ``label`` int.
 * tagging (``task = "tag"``): ``input_ids`` int ``[n <= S]`` and ``labels`` int ``[n]``, a class per token.
 * sequence to sequence (``task = "seq2seq"``, ``xfam.data.seq2seq``): ``source`` and ``target`` int lists.
+* continuous sequences (``task = "regress"``, ``xfam.data.timeseries``): ``series`` float ``[S + 1, F]``
+  (inputs are ``series[:-1]``, targets ``series[1:]``).
+* images (``task = "classify"``, ``xfam.data.digits``): ``image`` float ``[C, H, W]`` and ``label`` int.
+
+Inputs other than token ids (``inputs``, below; ``xfam.model.inputs`` embeds them) are one float
+tensor under the batch key ``inputs``, in place of ``input_ids``.
 
 Batches (what ``collate`` returns and the Lightning module consumes):
 
-* ``input_ids`` long ``[B, S]`` (seq2seq: the source)
+* ``input_ids`` long ``[B, S]`` (seq2seq: the source), or for a source whose ``inputs`` are not token ids
+  ``inputs`` float: vectors ``[B, S, F]`` (regress) or images ``[B, C, H, W]`` (classify)
+* ``targets`` float ``[B, S, F]``: regress, the next vector of every position
 * ``labels`` long ``[B, S]`` with -100 where no target counts (lm, tag, seq2seq: the target) / ``label``
   long ``[B]`` (classify)
 * ``decoder_input_ids`` long ``[B, St]``: seq2seq, the target shifted right behind BOS
@@ -36,14 +44,14 @@ from torch import Tensor
 from xfam.core.registry import Component, Registry
 
 Split = Literal["train", "validation", "test"]
-Task = Literal["lm", "classify", "tag", "seq2seq"]
+Task = Literal["lm", "classify", "tag", "seq2seq", "regress"]
 
 
 class DataSource(Component):
     """Base of every ``data`` component.
 
     Class attributes:
-        task: ``lm``, ``classify``, ``tag`` or ``seq2seq``.
+        task: ``lm``, ``classify``, ``tag``, ``seq2seq`` or ``regress`` (continuous vectors, the next one predicted).
         contiguous: lm rows are consecutive chunks of one token stream (streams mode possible).
         byte_text: the tokens are text with ``token_bytes`` (bits per byte is reported).
 
@@ -56,6 +64,8 @@ class DataSource(Component):
         fingerprint: short hash of everything that determines the data (files and their
             contents, tokenizer, generator parameters, seed).
         manifest: a JSON-able description (files with sizes and hashes, generator settings).
+        inputs: what a row's model input is (``inputs_for``), known from the parameters.
+        target_dim: regress: the width F of the target vectors (None for other tasks).
     """
 
     task: ClassVar[Task] = "lm"
@@ -72,12 +82,24 @@ class DataSource(Component):
     seq_len: int
     batch_size: int
     doc_mask: bool = False
+    target_dim: int | None = None
 
     @classmethod
     def task_for(cls, params: dict[str, Any]) -> Task:
         """The task of a source configured with ``params`` (validation reads it before building anything);
         a source whose task depends on its settings (``data=hf`` with ``source_column``: pairs) overrides it."""
         return cls.task
+
+    @classmethod
+    def inputs_for(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """What a row's model input is, for a source configured with ``params`` (validation reads it before
+        anything is built): ``{"kind": "tokens"}`` (ids, the default), ``{"kind": "vectors", "dim": F}``
+        (``[S, F]`` floats per row) or ``{"kind": "image", "channels": C, "height": H, "width": W}``."""
+        return {"kind": "tokens"}
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        return self.inputs_for(getattr(self, "params", {}))
 
     def prepare(self) -> None:
         """Build or load (from the ``datasets`` cache) every split; validate token ids."""

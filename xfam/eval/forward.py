@@ -21,9 +21,24 @@ def forward_batch(model: Any, batch: dict[str, Tensor], *, memory: Any = None, t
             targets=targets,
         )
     return model(
-        batch["input_ids"],
+        model_inputs(batch),
         key_padding=batch.get("key_padding"),
         segments=batch.get("segments"),
         memory=memory,
         targets=targets,
     )
+
+
+def model_inputs(batch: dict[str, Tensor]) -> Tensor:
+    """What the model reads of ``batch``: token ids ``input_ids``, or the float ``inputs`` of a source whose rows
+    are not token ids (vectors ``[B, S, F]``, images ``[B, C, H, W]``; ``xfam.data.base``)."""
+    return batch["input_ids"] if "input_ids" in batch else batch["inputs"]
+
+
+def input_positions(batch: dict[str, Tensor]) -> int:
+    """The input positions of ``batch`` (what throughput counts): token ids and vectors one per row step,
+    images one per pixel."""
+    if "input_ids" in batch:
+        return batch["input_ids"].numel()
+    x = batch["inputs"]
+    return x.shape[0] * x.shape[-2] * x.shape[-1] if x.dim() == 4 else x.shape[0] * x.shape[1]

@@ -5,6 +5,8 @@ batches or ranks is exact: bits per byte = summed NLL / (ln 2 * summed bytes of 
 With an exit policy that reports per-token depth, the layers used are summed too: ``depth`` is
 the mean number of layers (or recurrent steps) per scored token, ``compute_saved`` the share of
 the model's layer applications not run, 1 - depth / layers (the exit slot's inference report).
+A regression (``regress``) sums squared and absolute errors over every target value: its ``nll`` is
+the summed squared error (the training loss is then the mean squared error), ``count`` the values.
 """
 
 from __future__ import annotations
@@ -28,9 +30,15 @@ def batch_stats(
     the target tokens stand for), and with a per-token ``depth [B, S]`` of a ``layers``-deep model, ``depth`` and
     ``layers`` summed over the scored tokens (per-token tasks: tokens with a target; classify: real input
     tokens), with their count ``depth_tokens``. Per-token tasks (lm, seq2seq, mlm, tag) read ``labels [B, S]``
-    (-100 = no target), classify ``label [B]``."""
+    (-100 = no target), classify ``label [B]``; regress reads ``targets [B, S, F]`` and sums the squared errors of
+    the predictions ``logits [B, S, F]`` as ``nll`` and their absolute errors as ``abs_err`` over ``count`` values."""
     logits = logits.float()
-    if task == "classify":
+    if task == "regress":
+        err = logits - batch["targets"].float()  # [B, S, F]
+        count = torch.tensor(float(err.numel()), device=err.device)
+        stats = {"nll": err.square().sum(), "abs_err": err.abs().sum(), "count": count}
+        keep = None
+    elif task == "classify":
         y = batch["label"]
         nll = F.cross_entropy(logits, y, reduction="sum")
         stats = {
@@ -65,7 +73,11 @@ def summarize(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tens
     """Epoch metrics from summed statistics (see ``batch_stats``); aux losses are batch means."""
     count = sums["count"].clamp_min(1)
     loss = sums["nll"] / count
-    out = {f"{prefix}/loss": loss, f"{prefix}/acc": sums["correct"] / count}
+    if task == "regress":  # (loss: the mean squared error)
+        out = {f"{prefix}/loss": loss, f"{prefix}/mse": loss, f"{prefix}/rmse": loss.sqrt()}
+        out[f"{prefix}/mae"] = sums["abs_err"] / count
+    else:
+        out = {f"{prefix}/loss": loss, f"{prefix}/acc": sums["correct"] / count}
     if task in ("lm", "seq2seq", "mlm"):
         out[f"{prefix}/ppl"] = torch.exp(loss.clamp(max=50))
         if "bytes" in sums and sums["bytes"] > 0:

@@ -17,6 +17,7 @@ from xfam.data.base import DATA, DataSource
 from xfam.memory._base import MEMORY
 from xfam.model.checkpoint_file import read
 from xfam.model.encoder_decoder import EncoderDecoder
+from xfam.model.inputs import inputs_of
 from xfam.model.long_term import open_long_term
 from xfam.model.spec import ModelSpec
 from xfam.model.transformer import XfamModel
@@ -24,7 +25,9 @@ from xfam.model.transformer import XfamModel
 
 def data_info(source: DataSource, task: str | None = None) -> dict[str, Any]:
     """What the model and the trainer need from a prepared data source (stored in checkpoints). ``task``: what
-    is trained, when not the source's own (``task=mlm`` on a text source: one more token id, [MASK])."""
+    is trained, when not the source's own (``task=mlm`` on a text source: one more token id, [MASK]).
+    ``inputs``: what a row's model input is (``xfam.model.inputs``: token ids, vectors or images);
+    ``target_dim``: the width of a ``regress`` source's target vectors."""
     vocab, extra = source.vocab_size, {}
     if task == "mlm":
         vocab, extra = vocab + 1, {"mask_id": vocab}
@@ -40,14 +43,18 @@ def data_info(source: DataSource, task: str | None = None) -> dict[str, Any]:
         "eos_id": source.eos_id,
         "fingerprint": source.fingerprint,
         "tokenizer": source.tokenizer_state(),
+        "inputs": source.inputs,
+        "target_dim": source.target_dim,
     }
 
 
 def model_io(config: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
     """What sizes the model's input and output layers: the task, the vocabulary (``model.vocab_size``,
-    else the data's) and the number of classes."""
+    else the data's), the number of classes, the inputs (token ids unless the data says otherwise) and the
+    width of regression targets."""
     vocab = config["model"].get("vocab_size") or info["vocab_size"]
-    return {"task": info["task"], "vocab_size": vocab, "num_classes": info.get("num_classes")}
+    io = {"task": info["task"], "vocab_size": vocab, "num_classes": info.get("num_classes")}
+    return io | {"inputs": inputs_of(info), "target_dim": info.get("target_dim")}
 
 
 def check_checkpoint_data(
@@ -143,6 +150,8 @@ def build_model(config: Any, info: dict[str, Any]) -> XfamModel | EncoderDecoder
         num_classes=info.get("num_classes"),
         **slots,
         stores=open_stores(slots["memory"], spec.layers),
+        inputs=inputs_of(info),
+        target_dim=info.get("target_dim"),
     )
 
 

@@ -32,6 +32,7 @@ class Selection:
     options ``xfam.model.block_compat`` checks against the slots (None: none set). ``image``: the geometry of the
     data's images when its rows are images (``shape``, ``order``, ``block``: ``data=pixels``), for the mechanisms
     that lay an image over the sequence (None: the data's rows are not images).
+    ``inputs``: the kind of the model's inputs (``xfam.model.inputs``: ``tokens``, ``vectors`` or ``image``).
     """
 
     attention: list[tuple[type[AttentionMechanism], dict[str, Any], bool]]
@@ -49,6 +50,7 @@ class Selection:
     cross: list[tuple[type[AttentionMechanism], dict[str, Any]]] = dataclasses.field(default_factory=list)
     block: ModelSpec | None = None
     image: dict[str, Any] | None = None
+    inputs: str = "tokens"
 
     @property
     def has_memory(self) -> bool:
@@ -208,6 +210,25 @@ def _encoder_decoder_reasons(sel: Selection) -> list[str]:
     return out
 
 
+def _inputs_reasons(sel: Selection) -> list[str]:
+    """What needs token ids or token targets, against continuous inputs and the regress task."""
+    out = []
+    if sel.inputs != "tokens":
+        for mem in sorted({cls.registry_name for cls, _ in sel.memory if cls.needs_store}):
+            out.append(
+                f"memory={mem} retrieves from a datastore of token contexts and their next token ids, and this "
+                f"model's inputs are {sel.inputs}, not token ids. Fix: memory=none."
+            )
+    exit_cls = sel.exit[0]
+    if sel.task == "regress" and exit_cls.early_exit:
+        alt = _alternatives("exit", lambda c: not c.early_exit)
+        out.append(
+            f"exit={exit_cls.registry_name} trains per-layer classifiers on token or class targets (cross-entropy, "
+            f"confidence of a distribution), and task=regress predicts vectors with a squared error. Fix: {alt}."
+        )
+    return out
+
+
 def _alternatives(slot: str, ok: Any) -> str:
     names = Selection.alternatives(slot, ok)
     return f"{slot} in [{', '.join(names)}]" if names else f"no {slot} component"
@@ -239,6 +260,7 @@ def check(sel: Selection) -> list[str]:
         problems += _encoder_decoder_reasons(sel)
     if sel.block is not None:
         problems += block_compat.reasons(sel.block, sel)
+    problems += _inputs_reasons(sel)
     return list(dict.fromkeys(problems))
 
 

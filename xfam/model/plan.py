@@ -70,20 +70,21 @@ class CallPlan:
 
 
 def plan_call(
-    tokens: Tensor,
+    inputs: Tensor,
     key_padding: Tensor | None,
     segments: Tensor | None,
     cache: DecodeCache | None,
     aux_tokens: int,
     aux_doc: int,
 ) -> CallPlan:
-    """The plan of a call on ``tokens [B, S]`` with ``aux_tokens`` G in front (see ``CallPlan``)."""
-    b, s = tokens.shape
+    """The plan of a call on ``inputs [B, S, ...]`` (the embedded input, ``[B, S, D]``: S rows whatever the
+    input, token ids, vectors or image patches) with ``aux_tokens`` G in front (see ``CallPlan``)."""
+    b, s = inputs.shape[:2]
     offset = cache.length if cache is not None else 0
     ride = aux_tokens if offset else 0
     start = offset - ride  # the input's own first position
-    positions = torch.arange(start, start + s, device=tokens.device)  # [S]
-    row_positions = torch.arange(start - aux_tokens, start + s, device=tokens.device)  # [G + S]
+    positions = torch.arange(start, start + s, device=inputs.device)  # [S]
+    row_positions = torch.arange(start - aux_tokens, start + s, device=inputs.device)  # [G + S]
     input_padding = key_padding
     if aux_tokens:  # aux rows are never padding; in packed rows their document is aux_doc
         if key_padding is not None:
@@ -95,8 +96,8 @@ def plan_call(
     if cache is not None and (run_padding is not None or cache.key_padding is not None):
         # Keys are [cache | new rows]: the mask needs the padding of the cached tokens too.
         rows = aux_tokens + s - ride
-        past = cache.key_padding if cache.key_padding is not None else tokens.new_ones(b, offset, dtype=torch.bool)
-        new = run_padding if run_padding is not None else tokens.new_ones(b, rows, dtype=torch.bool)
+        past = cache.key_padding if cache.key_padding is not None else inputs.new_ones(b, offset, dtype=torch.bool)
+        new = run_padding if run_padding is not None else inputs.new_ones(b, rows, dtype=torch.bool)
         cache_padding = torch.cat((past, new), dim=1)  # [B, T + rows]
     return CallPlan(
         offset=offset,

@@ -48,6 +48,8 @@ class ModelSpec:
         vocab_size: null = taken from the data; an explicit value must cover the data's tokens.
         causal: null = from the task (causal LM, bidirectional classifier).
         pool: how a classifier pools the encoder: ``cls`` (first token) or ``mean`` (non-pad).
+        patch_size: image inputs (``xfam.model.inputs``, the ViT): the side P of the square patches an image
+            is cut into (must divide its height and width); unused for token and vector inputs.
         init_std: std of the normal init; residual output projections use init_std/sqrt(2L)
             (GPT-2), so the residual stream does not grow with depth.
         reversible: reversible residual layers (RevNet / Reformer): activations are recomputed
@@ -123,6 +125,7 @@ class ModelSpec:
     vocab_size: Annotated[int, Range(ge=2)] | None = None
     causal: bool | None = None
     pool: Literal["cls", "mean"] = "mean"
+    patch_size: Annotated[int, Positive] = 4
     init_std: Annotated[float, NonNegative] = 0.02
     reversible: bool = False
     ffn_chunks: Annotated[int, Positive] = 1
@@ -159,10 +162,11 @@ class ModelSpec:
     forgetful_mask: Annotated[float, Probability] = 0.0
 
     def arch_for(self, task: str) -> str:
-        """``arch``, with ``auto`` resolved from the task: seq2seq -> encoder_decoder, lm -> decoder, else encoder."""
+        """``arch``, with ``auto`` resolved from the task: seq2seq -> encoder_decoder, lm and regress -> decoder,
+        else encoder."""
         if self.arch != "auto":
             return self.arch
-        return {"seq2seq": "encoder_decoder", "lm": "decoder"}.get(task, "encoder")
+        return {"seq2seq": "encoder_decoder", "lm": "decoder", "regress": "decoder"}.get(task, "encoder")
 
     @property
     def emb_drop(self) -> float:

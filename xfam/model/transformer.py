@@ -1,9 +1,12 @@
 """The xfam model: embeddings, one positional encoding, L blocks traversed by the exit policy,
 per-layer memory, and a head: a causal LM, a bidirectional per-token head (masked LM, tagging),
-a pooled classifier, or none (the encoder of an encoder-decoder, ``xfam.model.encoder_decoder``,
-whose decoder is this model with cross-attention in every block).
+a pooled classifier, a causal regression of the next vector, or none (the encoder of an
+encoder-decoder, ``xfam.model.encoder_decoder``, whose decoder is this model with cross-attention in
+every block). The input embedder follows the data's inputs (``xfam.model.inputs``): token ids,
+continuous vectors or image patches.
 
-    tokens [B, S] -> embed [B, S, D] -> (+ input positions) -> blocks -> norm -> head
+    tokens [B, S] | vectors [B, S, F] | images [B, C, H, W] -> embed [B, S, D] -> (+ input positions)
+        -> blocks -> norm -> head
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from xfam.memory import MEMORY
 from xfam.model.block import Block, SelfAttention
 from xfam.model.cross import CrossSource
 from xfam.model.head_groups import HeadGroups
+from xfam.model.inputs import TOKENS, input_embedding
 from xfam.model.layers import make_norm
 from xfam.model.layout import block_layouts
 from xfam.model.plan import CallPlan, DecodeCache, plan_call
@@ -36,13 +40,15 @@ from xfam.pos import POS
 
 #: What the head computes: ``lm`` next-token logits ``[B, S, V]`` (causal by default); ``mlm`` token logits
 #: ``[B, S, V]`` and ``tag`` per-token class logits ``[B, S, C]`` (bidirectional); ``classify`` pooled ``[B, C]``;
-#: ``encode`` no head: the final-normed hidden states ``[B, S, D]`` (an encoder-decoder's encoder).
-Task = Literal["lm", "mlm", "tag", "classify", "encode"]
+#: ``regress`` the next vector ``[B, S, F]`` (causal); ``encode`` no head: the final-normed hidden states
+#: ``[B, S, D]`` (an encoder-decoder's encoder).
+Task = Literal["lm", "mlm", "tag", "classify", "regress", "encode"]
 
 
 @dataclasses.dataclass
 class ModelOutput:
-    """``logits``: ``[B, S, V]`` (lm, mlm), ``[B, S, C]`` (tag), ``[B, C]`` (classify) or ``[B, S, D]`` (encode).
+    """``logits``: ``[B, S, V]`` (lm, mlm), ``[B, S, C]`` (tag), ``[B, C]`` (classify), the predicted next vectors
+    ``[B, S, F]`` (regress) or ``[B, S, D]`` (encode).
     ``aux``: auxiliary losses owned by
     components (summed into the loss by the trainer). ``depth``: layers used per token, if the
     exit policy varies it. ``memory`` / ``cache``: the new states, when states were passed in."""
@@ -71,19 +77,24 @@ class XfamModel(nn.Module):
         stores: dict[int, Any] | None = None,
         cross: dict[str, Any] | None = None,
         partner_layers: int = 0,
+        inputs: dict[str, Any] | None = None,
+        target_dim: int | None = None,
     ):
         """``cross``: the cross-attention mechanism's config (``per_layer`` allowed), for the decoder of an
         encoder-decoder: every block then attends to the encoder output passed as ``forward(source=...)``.
-        ``partner_layers``: in an encoder-decoder, the other stack's depth (DeepNorm's constants use both)."""
+        ``partner_layers``: in an encoder-decoder, the other stack's depth (DeepNorm's constants use both).
+        ``inputs``: the data's input description (``xfam.model.inputs``; None: token ids). ``target_dim``: the
+        width F of a ``regress`` model's predicted vectors."""
         super().__init__()
         self.spec, self.task = spec, task
-        self.causal = spec.causal if spec.causal is not None else task == "lm"
+        self.causal = spec.causal if spec.causal is not None else task in ("lm", "regress")
         struct = spec.structural(self.causal)
-        self.embed = nn.Embedding(vocab_size, spec.dim)
+        self.inputs = dict(inputs or TOKENS)
+        self.embed = input_embedding(self.inputs, spec, vocab_size)  # ids, vectors or images -> [B, S, D]
         self.drop = nn.Dropout(spec.emb_drop) if spec.emb_drop else nn.Identity()
         self.emb_norm = make_norm(spec) if spec.post_emb_norm else None
         self.pos = POS.build(pos, **struct)
-        out_dim = vocab_size if task in ("lm", "mlm") else num_classes
+        out_dim = vocab_size if task in ("lm", "mlm") else target_dim if task == "regress" else num_classes
         self.exit = EXIT.build(exit, **struct, out_dim=out_dim)  # out_dim: for policies with their own classifiers
         self.num_layers = spec.layers
         n_blocks = 1 if spec.share_layers else self.exit.blocks_needed(spec.layers)  # (ALBERT: one block, L steps)
@@ -123,7 +134,9 @@ class XfamModel(nn.Module):
         self.norm = make_norm(spec) if final_norm else nn.Identity()
         self.dual_norm = make_norm(spec) if spec.norm_position == "resi_dual" else None  # ResiDual's x_L + N(d_L)
         self.head = (
-            nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag")) if task != "encode" else nn.Identity()
+            nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag", "regress"))
+            if task != "encode"
+            else nn.Identity()
         )
         self.deepnorm = None
         if spec.norm_position == "deepnorm":
@@ -192,7 +205,8 @@ class XfamModel(nn.Module):
         """Run the model: embed, plan the call, traverse the layers (the exit policy), head.
 
         Args:
-            tokens: ``[B, S]`` token ids.
+            tokens: ``[B, S]`` token ids, or the inputs the model's embedder takes (``self.inputs``: vectors
+                ``[B, S, F]``, images ``[B, C, H, W]``, which make S rows of patches).
             key_padding: ``[B, S]`` bool, True for real tokens (None: no padding).
             segments: ``[B, S]`` document ids of packed rows; attention stays within a document.
             memory: per-layer memory states from the previous segment (or ``init_memory``).
@@ -204,8 +218,9 @@ class XfamModel(nn.Module):
         """
         if self.training and cache is None:
             self.new_step()
-        plan = plan_call(tokens, key_padding, segments, cache, self.aux_tokens, self.aux_doc)
-        x = self.embed_rows(tokens, plan)  # [B, G + S, D]
+        e = self.embed(tokens)  # [B, S, D]
+        plan = plan_call(e, key_padding, segments, cache, self.aux_tokens, self.aux_doc)
+        x = self.embed_rows(e, plan)  # [B, G + S, D]
         retrieved = None  # an output memory's (SPALM's) neighbours of every position, mixed into the head's input
         if self.output_memory is not None and cache is None:  # (memory models generate without a decode cache)
             retrieved = self.output_memory.retrieve(tokens, key_padding, segments)
@@ -221,9 +236,9 @@ class XfamModel(nn.Module):
         depth = None if res.depth is None else res.depth[:, self.aux_tokens :]
         return ModelOutput(logits=logits, aux=aux, memory=stack.new_memory, cache=stack.new_cache(), depth=depth)
 
-    def embed_rows(self, tokens: Tensor, plan: CallPlan) -> Tensor:
-        """``[B, S] -> [B, G + S, D]``: token embeddings (with input positions) behind the G aux tokens."""
-        e = self.embed(tokens)  # [B, S, D]
+    def embed_rows(self, e: Tensor, plan: CallPlan) -> Tensor:
+        """``[B, S, D] -> [B, G + S, D]``: the embedded inputs (``self.embed``'s output), with input positions,
+        behind the G aux tokens."""
         if self.spec.l2norm_embed:  # unit-norm token embeddings (x-transformers' l2norm_embed, after FixNorm)
             e = F.normalize(e, dim=-1)
         x = self.pos.embed(e, plan.positions)

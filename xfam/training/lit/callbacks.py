@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 
 from xfam.core.logs import log, log_once
+from xfam.eval.forward import input_positions
 
 
 class StepProgressBar(RichProgressBar):
@@ -77,7 +78,7 @@ class Throughput(L.Callback):
         self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         dt = time.perf_counter() - self._t0
-        tokens = batch["input_ids"].numel() + (
+        tokens = input_positions(batch) + (  # (continuous inputs: their positions, xfam.eval.forward)
             batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0
         )
         rate = tokens * trainer.world_size / max(dt, 1e-9)  # (an encoder-decoder's: source + target tokens)

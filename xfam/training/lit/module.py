@@ -9,7 +9,8 @@ hyperparameters record, so a checkpoint loads anywhere. Metrics:
 * seq2seq: the same over the target tokens, plus BLEU, chrF and exact match of the outputs generated for
   the first ``task.eval_generate_rows`` rows of each evaluation (``xfam.eval.outputs``);
 * mlm: loss, perplexity and accuracy on the masked tokens; tag: loss and accuracy per token;
-* classify: loss, accuracy.
+* classify: loss, accuracy;
+* regress: loss = mean squared error over every target value (mse), its root (rmse), the mean absolute error (mae).
 
 Exact resume (docs/architecture.md): the checkpoint stores the number of batches consumed in the
 current epoch and which epoch that is (the resumable sampler skips them there only), and every
@@ -45,6 +46,9 @@ from xfam.model.transformer import ModelOutput
 from xfam.training.lit.optim import make_optimizer
 
 quiet_lightning()  # also in ddp_spawn's worker processes, which import this module afresh
+
+#: The batch key of each task's targets (``xfam.data.base``), where it is not ``labels``.
+TARGET_KEYS = {"classify": "label", "regress": "targets"}
 
 
 def rng_state() -> dict[str, Any]:
@@ -95,7 +99,7 @@ class XfamLitModule(L.LightningModule):
     # -- steps -----------------------------------------------------------------------------------
     def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
         """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
-        targets = batch["label" if self.task == "classify" else "labels"] if train else None
+        targets = batch[TARGET_KEYS.get(self.task, "labels")] if train else None
         return forward_batch(self.model, batch, memory=memory, targets=targets)
 
     def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
