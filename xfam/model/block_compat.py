@@ -208,6 +208,11 @@ def reasons(spec: ModelSpec, sel: Any) -> list[str]:
             ("model.ffn=sepconv", spec.ffn == "sepconv", "its FFN function sees neither padding nor documents"),
             (_layout_fields(spec), _layout_changed(spec), "it runs exactly one attention and one FFN per layer"),
             ("model.share_layers", spec.share_layers, "it runs each layer's own block once, in one pass"),
+            (
+                "model.checkpoint_activations",
+                spec.checkpoint_activations,
+                "the reversible stack already recomputes every layer in the backward pass",
+            ),
         ]
         for name, on, why in what:
             if on:

@@ -56,6 +56,9 @@ class ModelSpec:
             in the backward pass, so training memory does not grow with depth (pre-norm only).
         ffn_chunks: run the FFN in this many chunks along the sequence (the Reformer's chunked
             feed-forward; with ``reversible``).
+        checkpoint_activations: activation checkpointing: in training, each block's activations are dropped after
+            its forward and recomputed in the backward pass (``torch.utils.checkpoint``), so training keeps one
+            tensor per layer instead of all of them, for about one more forward per step (docs/architecture.md).
         num_mem_kv: persistent memory (Sukhbaatar et al., 2019, arXiv:1907.01470): per layer, this many
             learned key and value vectors per key/value head, in front of every query's keys; no
             position, always visible (any mask). Needs an attention with ``accepts_persistent_kv``.
@@ -129,6 +132,7 @@ class ModelSpec:
     init_std: Annotated[float, NonNegative] = 0.02
     reversible: bool = False
     ffn_chunks: Annotated[int, Positive] = 1
+    checkpoint_activations: bool = False
     num_mem_kv: Annotated[int, NonNegative] = 0
     num_memory_tokens: Annotated[int, NonNegative] = 0
     # block options (docs/blocks.md); the defaults are the plain pre-norm block

@@ -9,11 +9,14 @@ layer's memory ``[B, M, D]`` or the decode cache (T tokens).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from xfam.core.context import LayerContext
 from xfam.core.mask import AttnMask
@@ -78,7 +81,10 @@ class Stack:
         if step == 0 and self.model.dual_norm is not None:  # ResiDual's second stream starts as the input
             self.carry.dual = [h]
         self.carry.step = step
-        out, state = block(h, ctx, mem, self._state(step), augment, self.source, self.carry)
+        if self.spec.checkpoint_activations and self.model.training and self.states is None and torch.is_grad_enabled():
+            out, state = self._checkpointed(block, h, ctx, mem, augment), None
+        else:
+            out, state = block(h, ctx, mem, self._state(step), augment, self.source, self.carry)
         if self.states is not None:
             self.states[step] = state
         self._add_aux("attention", block.attn.mechanism.aux_losses())
@@ -151,6 +157,49 @@ class Stack:
             return h
         return h + F.pad(add.to(h.dtype), (0, 0, h.shape[1] - add.shape[0], 0))  # [lead + S, D]
 
+    def _checkpointed(
+        self, block: Block, h: Tensor, ctx: LayerContext, mem: Tensor | None, augment: Callable | None
+    ) -> Tensor:
+        """The block under activation checkpointing (``model.checkpoint_activations``): its activations are
+        dropped after the forward and recomputed, layer by layer, in the backward pass
+        (``torch.utils.checkpoint``, non-reentrant; the RNG state is restored, so dropout and stochastic
+        depth draw the same masks).
+
+        The recomputation runs the block exactly as its forward ran, though other layers ran in between:
+
+        * the ``Carry`` (RealFormer's scores, ResFormer's first-layer values, ResiDual's stream) as this layer
+          read it, in a copy, so the recomputation's writes reach no other layer;
+        * the per-call caches (a learned bias memoised on the mask, an encoder-decoder's projected source keys)
+          as this layer found them, so it recomputes what it first computed (and, e.g., T5's table gets its
+          gradient through the layer that built it);
+        * the block's buffers as they were before the forward (a buffer the forward updates in place, such as
+          routing attention's centroid averages, is swapped for its earlier value during the recomputation,
+          and the update is made once).
+        """
+        source, carry_in = self.source, _copy_carry(self.carry)
+        caches = [ctx.mask._memo] + ([source.kv] if source is not None else [])  # (per-call memos)
+        first_seen = [dict(c) for c in caches]
+        buffers = {name: (b, b._version, b.clone()) for name, b in block.named_buffers()}
+        updated: dict[str, Tensor] = {}  # buffers the forward changed in place: their earlier values
+        ran = [False]
+
+        def run(x: Tensor) -> tuple[Tensor, Carry]:
+            carry = _copy_carry(carry_in)
+            if not ran[0]:  # the forward
+                ran[0] = True
+                return block(x, ctx, mem, None, augment, source, carry)[0], carry
+            with _restored(caches, first_seen):  # the recomputation in the backward pass
+                args = (x, ctx, mem, None, augment, source, carry)
+                earlier = {name: old.clone() for name, old in updated.items()}  # (the recomputation may update them)
+                out = torch.func.functional_call(block, earlier, args)[0] if earlier else block(*args)[0]
+            return out, carry
+
+        out, carry = checkpoint(run, h, use_reentrant=False)
+        updated.update({name: old for name, (b, version, old) in buffers.items() if b._version != version})
+        for f in dataclasses.fields(carry):  # what this layer passes on
+            setattr(self.carry, f.name, getattr(carry, f.name))
+        return out
+
     def _state(self, step: int) -> DecodeState | None:
         return self.states[step] if self.states is not None else None
 
@@ -172,6 +221,26 @@ class Stack:
     def _add_aux(self, slot: str, losses: dict[str, Tensor]) -> None:
         for k, val in losses.items():
             self.aux[f"{slot}/{k}"] = self.aux.get(f"{slot}/{k}", 0.0) + val
+
+
+def _copy_carry(carry: Carry) -> Carry:
+    """A copy of ``carry`` whose ResiDual stream (a list a ``Link`` updates in place) is a list of its own."""
+    return dataclasses.replace(carry, dual=None if carry.dual is None else list(carry.dual))
+
+
+@contextlib.contextmanager
+def _restored(caches: list[dict], contents: list[dict]) -> Iterator[None]:
+    """Within the context each dict of ``caches`` holds the matching ``contents``; afterwards what it held."""
+    now = [dict(c) for c in caches]
+    for cache, content in zip(caches, contents, strict=True):
+        cache.clear()
+        cache.update(content)
+    try:
+        yield
+    finally:
+        for cache, content in zip(caches, now, strict=True):
+            cache.clear()
+            cache.update(content)
 
 
 def forgetful_keys(
