@@ -59,3 +59,12 @@ def test_train_py_runs_the_time_series_and_the_cli_evaluates_and_refuses_text_ge
     assert res.returncode == 0 and "test/rmse" in res.stdout, res.stderr[-2000:]
     res = run_cli(["-m", "xfam.cli", "generate", f"ckpt={ckpt}", "prompt=a", "max_new_tokens=2"], env=env)
     assert res.returncode != 0 and "no text tokenizer" in res.stderr + res.stdout
+
+
+@pytest.mark.slow  # (a 20-step ViT run and the baseline: ~16 s)
+def test_the_vit_digits_experiment_renders_its_report_in_quick_mode(tmp_path: Path) -> None:
+    run = run_cli(["scripts/exp_vit_digits.py", "--quick", "--out", str(tmp_path)])
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = (tmp_path / "results.md").read_text()
+    assert "<!-- experiments:vit_digits:start -->" in report and "| logistic regression | 650 |" in report
+    assert (tmp_path / "results_vit_digits.png").stat().st_size > 1000
