@@ -15,6 +15,7 @@ from xfam.core.errors import ConfigError
 from xfam.eval.continuous import generate_continuous
 from xfam.eval.generate import generate
 from xfam.eval.loop import evaluate
+from xfam.model.build import check_checkpoint_data
 from xfam.model.checkpoint import load_model
 from xfam.training.runner import train
 
@@ -40,6 +41,10 @@ def test_trains_checkpoints_and_loads_with_the_same_outputs(name: str, tmp_path:
     # The loaded model scores the validation batches exactly as the run did at its last step (step 6).
     again = evaluate(str(ckpt), "validation", limit=2)
     assert math.isclose(again["validation/loss"], metrics["val/loss"], rel_tol=1e-5)
+    if name == "digits":  # resuming on images of another size is refused like another vocabulary
+        bigger = {**meta["data_info"], "inputs": {**meta["data_info"]["inputs"], "height": 16, "width": 16}}
+        with pytest.raises(ConfigError, match="inputs"):
+            check_checkpoint_data(str(ckpt), meta["config"], bigger, meta)
     if name == "timeseries":
         prefix = torch.randn(2, 8, 2)
         new = generate_continuous(model, prefix, 4)
