@@ -73,7 +73,7 @@ def collate_images(rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 @DATA.register("digits")
 class Digits(GeneratedSource):
-    """scikit-learn's 8x8 handwritten digits as ``[1, size, size]`` images in [0, 1], 10 classes (module docstring).
+    """scikit-learn's 8x8 handwritten digits as ``[1, size, size]`` images in [0, 1], 10 classes, a fixed split.
 
     Args:
         size: side of the images: 8 (the pixels as they are) or larger (bilinear upsampling).

@@ -88,7 +88,7 @@ def collate_regress(rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 @DATA.register("timeseries")
 class TimeSeries(GeneratedSource):
-    """Sums of sinusoids with random periods, amplitudes and phases per row and channel (module docstring).
+    """Sums of sinusoids with random periods, amplitudes and phases per row and channel, for task=regress.
 
     Args:
         seq_len: steps per row (the model reads S and predicts S next vectors).
