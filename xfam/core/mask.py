@@ -151,6 +151,11 @@ class AttnMask:
             self._memo[key] = make()
         return self._memo[key]
 
+    def memos(self) -> dict[Any, Any]:
+        """That cache itself, for a caller that must snapshot and restore it (activation checkpointing replays a
+        layer with the entries the layer first saw: ``xfam.model.stack``)."""
+        return self._memo
+
     def forget(self) -> None:
         """Drop that cache. The reversible stack's backward recomputes one layer at a time with gradients: a
         learned bias cached in its no-grad forward (or with a graph an earlier layer's backward freed) must be

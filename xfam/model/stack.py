@@ -177,7 +177,7 @@ class Stack:
           and the update is made once).
         """
         source, carry_in = self.source, _copy_carry(self.carry)
-        caches = [ctx.mask._memo] + ([source.kv] if source is not None else [])  # (per-call memos)
+        caches = [ctx.mask.memos()] + ([source.kv] if source is not None else [])  # (per-call memos)
         first_seen = [dict(c) for c in caches]
         buffers = {name: (b, b._version, b.clone()) for name, b in block.named_buffers()}
         updated: dict[str, Tensor] = {}  # buffers the forward changed in place: their earlier values
