@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from xfam.attention import AttentionMechanism
 from xfam.core.errors import ConfigError
-from xfam.eval.generate import SegmentStream
+from xfam.eval.generate import SegmentStream, prefix_problems
 from xfam.model.transformer import ModelOutput, XfamModel
 
 
@@ -30,19 +29,7 @@ def continuous_problems(model: XfamModel, segment_len: int | None = None) -> lis
             f"{model.task!r} on {model.inputs['kind']} inputs. Fix: a model trained with task=regress "
             f"(data=timeseries); a language model generates text with `xfam generate`."
         ]
-    problems = []
-    fixed = sorted({m.registry_name for m in model.modules() if isinstance(m, AttentionMechanism) and m.fixed_length})
-    if fixed:
-        problems.append(
-            f"attention={', '.join(fixed)} needs every sequence to have exactly model.max_len steps, and generation "
-            f"runs growing prefixes. Fix: a model trained with another attention."
-        )
-    if model.uses_memory and (segment_len is None or segment_len < 1):
-        problems.append(
-            f"a model with memory generates segment by segment, as it was trained, and needs its training segment "
-            f"length (segment_len={segment_len}). Fix: pass segment_len=<the checkpoint's data.seq_len>."
-        )
-    return problems
+    return prefix_problems(model, segment_len, "steps")
 
 
 class _Cached:

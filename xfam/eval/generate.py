@@ -65,12 +65,18 @@ def generation_problems(model: XfamModel, segment_len: int | None = None) -> lis
             f"generate continues text with a causal language model; this checkpoint is {what}, whose outputs "
             f"are not next-token predictions from a prefix. Fix: evaluate it with `xfam eval`."
         ]
+    return prefix_problems(model, segment_len, "tokens")
+
+
+def prefix_problems(model: XfamModel, segment_len: int | None, unit: str) -> list[str]:
+    """Why a causal ``model`` cannot run growing prefixes, one call per new ``unit`` (tokens, or a regress model's
+    steps): a mechanism of fixed length, or a memory model without its training segment length."""
     problems = []
     fixed = sorted({m.registry_name for m in model.modules() if isinstance(m, AttentionMechanism) and m.fixed_length})
     if fixed:
         problems.append(
-            f"attention={', '.join(fixed)} needs every sequence to have exactly model.max_len tokens, and "
-            f"generation runs growing prefixes. Fix: sample from a model trained with another attention."
+            f"attention={', '.join(fixed)} needs every sequence to have exactly model.max_len {unit}, and "
+            f"generation runs growing prefixes. Fix: generate from a model trained with another attention."
         )
     if model.uses_memory and (segment_len is None or segment_len < 1):
         problems.append(
