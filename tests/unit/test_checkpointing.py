@@ -152,3 +152,22 @@ def test_reversible_layers_refuse_it_with_the_reason():
     (why,) = block_compat.reasons(ModelSpec(layers=2, reversible=True, checkpoint_activations=True), sel)
     assert "model.checkpoint_activations with model.reversible=true: the reversible stack already recomputes" in why
     assert "Fix: model.reversible=false, or drop model.checkpoint_activations" in why
+
+
+@pytest.mark.slow
+def test_the_experiment_script_reports_less_saved_memory_in_quick_mode(tmp_path) -> None:
+    """``scripts/exp_checkpointing.py --quick`` (a fresh process per configuration) writes its table, and at each
+    depth the checkpointed run keeps fewer bytes for the backward pass."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "exp_checkpointing.py"
+    subprocess.run([sys.executable, str(script), "--quick", "--out", str(tmp_path)], check=True, capture_output=True)
+    assert "<!-- experiments:checkpointing:start -->" in (tmp_path / "results.md").read_text()
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    by_depth: dict = {}
+    for r in rows:
+        by_depth.setdefault(r["depth"], {})[bool(r["checkpoint"])] = r["saved_bytes"]
+    assert by_depth and all(d[True] < d[False] for d in by_depth.values())
