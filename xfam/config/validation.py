@@ -166,9 +166,9 @@ def _pair_length_problems(data: Mapping[str, Any], arch: str, spec: ModelSpec, s
 
 def _image_of(data_cls: Any, data: Mapping[str, Any]) -> dict[str, Any] | None:
     """The geometry of the data's images for ``Selection.image`` (a source with ``image_geometry``: ``data=pixels``);
-    None for other data, and for a data section with problems of its own (reported already)."""
+    None for other data."""
     geometry = getattr(data_cls, "image_geometry", None)
-    return geometry(data) if geometry is not None and not DATA.check(data, {}) else None
+    return geometry(data) if geometry is not None else None
 
 
 def validate(cfg: Mapping[str, Any]) -> RunConfig:
@@ -197,7 +197,7 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         problems.append(f"ckpt_path={ckpt!r}: no such file. Fix: give an existing checkpoint, or ckpt_path=auto.")
     if cfg["data"].get("name") not in DATA:
         problems.append(unknown_choice("data", cfg["data"].get("name"), DATA.names(), "pass data=<one of them>."))
-        data_cls = None
+        data_cls, data_problems = None, []
     else:
         data_problems = DATA.check(cfg["data"], {})
         problems += data_problems
@@ -235,10 +235,12 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         )
     if sel is not None:
         # What the data's rows are (token ids, vectors, images: xfam.model.inputs), for the checks that need ids.
-        inputs = data_cls.inputs_for(cfg["data"]) if data_cls is not None and not data_problems else TOKENS
+        # (a data section with problems of its own, reported above, is not read further)
+        data_ok = data_cls is not None and not data_problems
+        inputs = data_cls.inputs_for(cfg["data"]) if data_ok else TOKENS
         sel.inputs = inputs["kind"]
         problems += input_problems(inputs, spec, data_name, sel.pos[0].bounded)
-        sel.image = _image_of(data_cls, cfg["data"])
+        sel.image = _image_of(data_cls, cfg["data"]) if data_ok else None
         problems += compat.check(sel)
         problems += _metric_problems(cfg, data_cls, sel)
         seq_len = cfg["data"].get("seq_len")

@@ -33,9 +33,8 @@ from torch import Tensor, nn
 
 from xfam.core.mask import AttnMask
 from xfam.model.layers import make_norm
+from xfam.model.shift import moved, row_info, source_ok
 from xfam.model.spec import ModelSpec
-
-NO_DOC = -(10**9)  # a document id no row has: what lies outside the sequence
 
 
 def taps(kernel: int, causal: bool) -> tuple[int, ...]:
@@ -62,34 +61,11 @@ class DepthwiseConv(nn.Module):
         p = full.shape[1] - rows
         out = None
         for j, a in enumerate(self.taps):
-            moved = _moved(full, a)[:, p:]  # row i <- row i - a (zeros past the ends)
-            ok = _source_ok(pad, seg, a, p, full.dtype)  # [B, S, 1] or None
-            term = moved * self.weight[:, j].to(full.dtype)
+            term = moved(full, a)[:, p:] * self.weight[:, j].to(full.dtype)  # row i <- row i - a (zeros past the ends)
+            ok = source_ok(pad, seg, a, p, full.dtype)  # [B, S, 1] or None
             term = term if ok is None else term * ok
             out = term if out is None else out + term
         return out
-
-
-def _source_ok(pad: Tensor | None, seg: Tensor | None, a: int, p: int, dtype: torch.dtype) -> Tensor | None:
-    """``[B, S, 1]``: 1 where row i - a is a real row of row i's document (None: always)."""
-    if a == 0 or (pad is None and seg is None):
-        return None
-    ok = None
-    if pad is not None:
-        ok = _moved(pad.to(dtype), a)[:, p:]
-    if seg is not None:
-        same = (_moved(seg, a, NO_DOC)[:, p:] == seg[:, p:]).to(dtype)
-        ok = same if ok is None else ok * same
-    return ok.unsqueeze(-1)
-
-
-def _moved(t: Tensor, a: int, fill: float = 0) -> Tensor:
-    """``t [B, N, ...]`` moved ``a`` rows along dim 1 (row i <- row i - a), ``fill`` where nothing comes in."""
-    if a == 0:
-        return t
-    if abs(a) >= t.shape[1]:
-        return torch.full_like(t, fill)
-    return F.pad(t, (0, 0) * (t.dim() - 2) + (a, -a), value=fill)
 
 
 class SepConvTransition(nn.Module):
@@ -136,11 +112,5 @@ class SepConvTransition(nn.Module):
 
 
 def _rows(mask: AttnMask | None, rows: int) -> tuple[Tensor | None, Tensor | None]:
-    """Padding and documents ``[B, rows]`` of the last ``rows`` keys of ``mask`` (None: all real / one document).
-    A decode call's mask has no document ids for the cached rows: one document then, as in generation."""
-    if mask is None:
-        return None, None
-    pad = None if mask.key_padding is None else mask.key_padding[:, -rows:]
-    seg = mask.segments
-    seg = None if seg is None or seg.shape[1] < rows else seg[:, -rows:]
-    return pad, seg
+    """Padding and documents ``[B, rows]`` of the last ``rows`` keys of ``mask`` (None: all real / one document)."""
+    return (None, None) if mask is None else row_info(mask, rows)

@@ -24,10 +24,33 @@ def shift_amounts(s: int, causal: bool) -> tuple[int, ...]:
 
 
 def row_info(mask: AttnMask, rows: int) -> tuple[Tensor | None, Tensor | None]:
-    """Padding and documents ``[B, rows]`` of the last ``rows`` keys of ``mask`` (None: all real / one document)."""
+    """Padding and documents ``[B, rows]`` of the last ``rows`` keys of ``mask`` (None: all real / one document).
+    A decode call's mask has no document ids for the cached rows: one document then, as in generation."""
     pad = None if mask.key_padding is None else mask.key_padding[:, -rows:]
-    seg = None if mask.segments is None else mask.segments[:, -rows:]
+    seg = mask.segments
+    seg = None if seg is None or seg.shape[1] < rows else seg[:, -rows:]
     return pad, seg
+
+
+def moved(t: Tensor, a: int, fill: float = 0) -> Tensor:
+    """``t [B, N, ...]`` moved ``a`` rows along dim 1 (row i <- row i - a), ``fill`` where nothing comes in."""
+    if a == 0:
+        return t
+    if abs(a) >= t.shape[1]:
+        return torch.full_like(t, fill)
+    return F.pad(t, (0, 0) * (t.dim() - 2) + (a, -a), value=fill)
+
+
+def source_ok(pad: Tensor | None, seg: Tensor | None, a: int, p: int, dtype: torch.dtype) -> Tensor | None:
+    """``[B, N - p, 1]``: 1 where row i of ``[p:]`` may read row i - a, a real row of its own document (``pad`` /
+    ``seg``: ``[B, N]``; None: always)."""
+    if a == 0 or (pad is None and seg is None):
+        return None
+    ok = None if pad is None else moved(pad.to(dtype), a)[:, p:]
+    if seg is not None:
+        same = (moved(seg, a, NO_DOC)[:, p:] == seg[:, p:]).to(dtype)
+        ok = same if ok is None else ok * same
+    return ok.unsqueeze(-1)
 
 
 def shift_tokens(
@@ -40,17 +63,8 @@ def shift_tokens(
     p = full.shape[1] - s
     out = []
     for j, a in enumerate(amounts):
-        group = full[..., j * size : (j + 1) * size]  # [B, P + S, size]
-        if a == 0:
-            out.append(group[:, p:])
-            continue
-        moved = F.pad(group, (0, 0, a, -a))[:, p:]  # row i <- row i - a (zeros past either end)
-        ok = None
-        if pad is not None:
-            ok = F.pad(pad.to(h.dtype), (a, -a))[:, p:]  # [B, S]: the source row is real
-        if seg is not None:
-            same = (F.pad(seg, (a, -a), value=NO_DOC)[:, p:] == seg[:, p:]).to(h.dtype)
-            ok = same if ok is None else ok * same
-        out.append(moved if ok is None else moved * ok.unsqueeze(-1))
+        group = moved(full[..., j * size : (j + 1) * size], a)[:, p:]  # [B, S, size]: row i <- row i - a
+        ok = source_ok(pad, seg, a, p, h.dtype)  # [B, S, 1]: the source row is real and of the same document
+        out.append(group if ok is None else group * ok)
     out.append(full[:, p:, len(amounts) * size :])  # channels the split leaves over stay in place
     return torch.cat(out, dim=-1)
