@@ -329,14 +329,13 @@ class RelativeLabels(nn.Module):
 
     def row_terms(self, q: Tensor, n_g: int) -> Tensor:
         """``(q . a_l + b_l) / sqrt(Dh)`` for every query row and label: ``[B, H, n_g + n_l, V]``."""
-        scale = 1 / math.sqrt(q.shape[-1])
-        glob = torch.einsum("bhqd,vhd->bhqv", q[:, :, :n_g], self.global_emb.to(q.dtype)) + self.global_bias.T[
-            :, None
-        ].to(q.dtype)
-        long = torch.einsum("bhqd,vhd->bhqv", q[:, :, n_g:], self.long_emb.to(q.dtype)) + self.long_bias.T[:, None].to(
-            q.dtype
-        )
-        return torch.cat((glob, long), dim=2) * scale
+
+        def terms(rows: Tensor, emb: Tensor, bias: Tensor) -> Tensor:  # [B, H, R, Dh] -> [B, H, R, V]
+            return torch.einsum("bhqd,vhd->bhqv", rows, emb.to(q.dtype)) + bias.T[:, None].to(q.dtype)
+
+        glob = terms(q[:, :, :n_g], self.global_emb, self.global_bias)
+        long = terms(q[:, :, n_g:], self.long_emb, self.long_bias)
+        return torch.cat((glob, long), dim=2) / math.sqrt(q.shape[-1])
 
 
 class RelativeScores:

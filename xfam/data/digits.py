@@ -32,22 +32,29 @@ TOTAL = 1797  # images in sklearn's bundled copy
 LEVELS = 16.0  # the grey levels are 0..16
 
 
-def split_arrays(params: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(images [n, 1, size, size] float32 in [0, 1], labels [n] int64)`` of one split (module docstring)."""
+def digit_arrays(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(images [1797, 1, H, W] float64 in [0, 1], labels [1797])``: every bundled digit, the grey level / 16,
+    resized bilinearly to ``shape`` (8 x 8: as they are). ``data=pixels`` draws its digits from here too."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
-    order = np.random.default_rng(params["seed"]).permutation(len(data.target))
+    images = data.images[:, None] / LEVELS  # [n, 1, 8, 8]
+    if tuple(shape) != images.shape[-2:]:
+        up = torch.nn.functional.interpolate(
+            torch.from_numpy(images), size=tuple(shape), mode="bilinear", align_corners=False
+        )
+        images = up.clamp(0, 1).numpy()
+    return images, data.target
+
+
+def split_arrays(params: dict[str, Any], split: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(images [n, 1, size, size] float32 in [0, 1], labels [n] int64)`` of one split (module docstring)."""
+    images, labels = digit_arrays((params["size"],) * 2)
+    order = np.random.default_rng(params["seed"]).permutation(len(labels))
     n_test, n_val = params["num_test"], params["num_val"]
     pick = {"test": order[:n_test], "validation": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
     idx = np.sort(pick[split])
-    images = (data.images[idx] / LEVELS).astype(np.float32)[:, None]  # [n, 1, 8, 8]
-    if params["size"] != images.shape[-1]:
-        up = torch.nn.functional.interpolate(
-            torch.from_numpy(images), size=(params["size"],) * 2, mode="bilinear", align_corners=False
-        )
-        images = up.clamp(0, 1).numpy()
-    return images, data.target[idx].astype(np.int64)
+    return images[idx].astype(np.float32), labels[idx].astype(np.int64)
 
 
 def pixels_hash() -> str:

@@ -35,6 +35,7 @@ import numpy as np
 
 from xfam.core.registry import Positive, Range
 from xfam.data.base import DATA
+from xfam.data.digits import digit_arrays
 from xfam.data.packing import NUM_KEY, SPLITS, GeneratedSource
 from xfam.data.tokenize import token_dtype
 
@@ -73,13 +74,8 @@ def to_images(seqs: np.ndarray, shape: tuple[int, int], order: str, block: tuple
 
 def digit_images(shape: tuple[int, int]) -> np.ndarray:
     """``[1797, H, W]`` uint8: the digits scaled to 0..255 and resized bilinearly (8 x 8: unchanged)."""
-    import torch
-    import torch.nn.functional as F
-    from sklearn.datasets import load_digits
-
-    small = torch.tensor(load_digits().images, dtype=torch.float64)[:, None] * (255 / 16)  # [n, 1, 8, 8]
-    big = F.interpolate(small, size=tuple(shape), mode="bilinear", align_corners=False)[:, 0]  # [n, H, W]
-    return big.round().clamp(0, 255).numpy().astype(np.uint8)
+    images, _ = digit_arrays(shape)  # [n, 1, H, W] in [0, 1]
+    return np.rint(images[:, 0] * 255).clip(0, 255).astype(np.uint8)
 
 
 def photo_tiles(shape: tuple[int, int]) -> np.ndarray:
