@@ -30,11 +30,15 @@ class Learned(PositionalEncoding):
         nn.init.normal_(self.table.weight, std=0.02)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        last = int(positions[-1]) if len(positions) else 0
-        if last >= self.table.num_embeddings:
-            raise ConfigError(
-                f"pos=learned: position {last} is past the learned table ({self.table.num_embeddings} "
-                f"positions). Fix: keep sequences <= model.max_len, or use pos=rope or pos=alibi, "
-                f"which extrapolate."
-            )
+        check_in_table(positions, self.table.num_embeddings, "pos=learned")
         return x + self.table(positions)
+
+
+def check_in_table(positions: Tensor, size: int, name: str, what: str = "table") -> None:
+    """Refuse ``positions [S]`` past a learned ``what`` of ``size`` rows (one host sync: the last position)."""
+    last = int(positions[-1]) if len(positions) else 0
+    if last >= size:
+        raise ConfigError(
+            f"{name}: position {last} is past the learned {what} ({size} positions). Fix: keep sequences <= "
+            f"model.max_len, or use pos=rope or pos=alibi, which extrapolate."
+        )

@@ -23,8 +23,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from xfam.core.errors import ConfigError
 from xfam.pos._base import POS, PositionalEncoding
+from xfam.pos.learned import check_in_table
 
 
 @POS.register("learned_per_layer")
@@ -61,10 +61,6 @@ class LearnedPerLayer(PositionalEncoding):
     def layer_embedding(self, positions: Tensor, layer: int) -> Tensor:
         """``[S, D]``: layer ``layer``'s vectors of ``positions [S]``."""
         table = self.tables[layer]
-        last = int(positions[-1]) if len(positions) else 0
-        if last >= table.num_embeddings:
-            raise ConfigError(
-                f"pos=learned_per_layer: position {last} is past the learned tables ({table.num_embeddings} "
-                f"positions). Fix: keep sequences <= model.max_len, or use pos=rope or pos=alibi, which extrapolate."
-            )
+        if layer == 0:  # (every call runs step 0 first, on the same positions: one check per call)
+            check_in_table(positions, table.num_embeddings, "pos=learned_per_layer", "tables")
         return table(positions)
