@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from xfam.core.errors import ConfigError
-from xfam.eval.generate import SegmentStream, prefix_problems
-from xfam.model.transformer import ModelOutput, XfamModel
+from xfam.eval.generate import CachedStream, SegmentStream, prefix_problems
+from xfam.model.transformer import XfamModel
 
 
 def continuous_problems(model: XfamModel, segment_len: int | None = None) -> list[str]:
@@ -30,18 +30,6 @@ def continuous_problems(model: XfamModel, segment_len: int | None = None) -> lis
             f"(data=timeseries); a language model generates text with `xfam generate`."
         ]
     return prefix_problems(model, segment_len, "steps")
-
-
-class _Cached:
-    """A model without memory over a growing sequence: each call runs the steps after the decode cache."""
-
-    def __init__(self, model: XfamModel):
-        self.model, self.cache, self.seen = model, model.empty_cache(), 0
-
-    def __call__(self, x: Tensor) -> ModelOutput:
-        out = self.model(x[:, self.seen :], cache=self.cache)
-        self.cache, self.seen = out.cache, x.shape[1]
-        return out
 
 
 @torch.no_grad()
@@ -62,7 +50,7 @@ def generate_continuous(
     if model.uses_memory:
         step = SegmentStream(model, segment_len)
     elif cache:
-        step = _Cached(model)
+        step = CachedStream(model)
     else:
         step = lambda x: model(x)  # noqa: E731  (the definition: the whole sequence every time)
     x, new = prefix, []

@@ -123,8 +123,9 @@ class SegmentStream:
         return out
 
 
-class _Cached:
-    """A model without memory over a growing stream: each call runs the tokens after the decode cache."""
+class CachedStream:
+    """A model without memory over a growing stream (token ids or vectors): each call runs the rows after the
+    decode cache."""
 
     def __init__(self, model: XfamModel):
         self.model, self.cache, self.seen = model, model.empty_cache(), 0  # (the cache also counts aux rows)
@@ -183,7 +184,7 @@ def generate(
     if bad:  # (top_p <= 0 kept no token: NaN probabilities, and sampling failed inside torch)
         raise ConfigError(f"generate: {'; '.join(bad)}. Fix: a value in the valid range.")
     model.eval()
-    step = SegmentStream(model, segment_len, boundary) if model.uses_memory else _Cached(model)
+    step = SegmentStream(model, segment_len, boundary) if model.uses_memory else CachedStream(model)
     with knn if knn is not None else contextlib.nullcontext():
         out = step(prompt)
         tokens, used, depths = prompt, [], []
