@@ -1,6 +1,7 @@
 """ETC's extras (Ainslie et al., 2020, arXiv:2004.08483): relative position labels in the four attention pieces
 (clipped distances in l2l and g2g, own/other segment in l2g and g2l, learned per label and head) and the CPC
-auxiliary loss (InfoNCE of a global token's masked-segment view against the summary of its segment)."""
+pre-training objective (whole sentences masked in the input; InfoNCE of their global tokens' states against those
+of a pass that sees each sentence alone)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from doubles import build_model
 
 from xfam.attention import ATTENTION
-from xfam.attention.etc import ETC, RelativeScores, info_nce
+from xfam.attention.etc import ETC, RelativeScores
+from xfam.attention.etc_cpc import info_nce
 from xfam.core.mask import AttnMask
 from xfam.exit import EXIT
 from xfam.memory import MEMORY
@@ -112,36 +114,129 @@ def test_l2l_labels_depend_on_the_clipped_distance_only():
     assert not torch.allclose(at(4, 5), at(4, 6))
 
 
-def _view(q, k, v, b: int, s: int, keys: list[int]) -> torch.Tensor:
-    """Global token s of row b attending over ``keys`` only, heads concatenated: ``[H * Dh]``."""
-    return torch.cat([(q[b, h, s] @ k[b, h, keys].T / math.sqrt(DH)).softmax(-1) @ v[b, h, keys] for h in range(H)])
+# -- CPC (xfam/attention/etc_cpc.py) -------------------------------------------------------------------------
+
+CPC = {"name": "etc", "global_tokens": 3, "radius": 3, "block": 4, "cpc_weight": 0.5, "cpc_mask_prob": 1.0}
 
 
-def cpc_explicit(mech: ETC, q, k, v, pad) -> torch.Tensor:
-    """Predictions (segment hidden) and targets (segment alone) of every (row, segment), then InfoNCE."""
-    n_g, n = mech.aux_tokens, q.shape[2]
+def cpc_model(**attention) -> torch.nn.Module:
+    return build_model(task="mlm", attention={**CPC, **attention}, pos="learned", causal=False, max_len=12).double()
+
+
+def cpc_explicit(model, tokens: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """ETC's CPC, one masked sentence at a time: the prediction is its global token's state when the row's masked
+    sentences are absent from the input; the target that global token's state when the row is the sentence alone."""
+    seg, n_g = model.objective.segment, model.objective.n_global
     preds, targets = [], []
-    for b in range(q.shape[0]):
+    for b in range(tokens.shape[0]):
         for s in range(n_g):
-            own = [j for j in range(n_g, n) if pad[b, j] and (j - n_g) // mech.segment == s]
-            rest = [j for j in range(n_g, n) if pad[b, j] and (j - n_g) // mech.segment != s]
-            if not own or not rest:
+            if not chosen[b, s]:
                 continue
-            preds.append(_view(q, k, v, b, s, rest))
-            targets.append(_view(q, k, v, b, s, own))
-    p, t = torch.stack(preds), torch.stack(targets)  # [N, H*Dh]
-    logits = p @ t.T / math.sqrt(H * DH)
+            shown = torch.tensor([not chosen[b, t // seg] for t in range(tokens.shape[1])])
+            alone = torch.tensor([t // seg == s for t in range(tokens.shape[1])])
+            preds.append(model.global_states(tokens[b : b + 1], shown[None])[0, s])
+            targets.append(model.global_states(tokens[b : b + 1], alone[None])[0, s])
+    p, t = torch.stack(preds), torch.stack(targets)  # [N, D]
+    logits = p @ t.T / math.sqrt(p.shape[-1])
     return -torch.stack([logits[i].log_softmax(-1)[i] for i in range(len(p))]).mean()
 
 
-def test_cpc_loss_is_infonce_over_the_segments_of_the_batch():
-    mech = etc(global_tokens=3, radius=2, cpc_weight=0.5)
-    n = 3 + 12
-    q, k, v = (torch.randn(B, H, n, DH, dtype=torch.float64) for _ in range(3))
-    pad = torch.ones(B, n, dtype=torch.bool)
-    pad[1, -4:] = False  # row 1's last segment is all padding: no target, left out
-    mech(q, k, v, AttnMask(n, n, key_padding=pad))
-    assert torch.allclose(mech.aux_losses()["cpc"], 0.5 * cpc_explicit(mech, q, k, v, pad), atol=1e-10)
+def test_cpc_is_infonce_of_masked_sentences_against_each_sentence_alone():
+    model = cpc_model()
+    tokens = torch.randint(0, 13, (3, 12))
+    chosen, _, _ = model.objective.choose(tokens, None, training=False)
+    assert chosen.sum(-1).tolist() == [2, 2, 2]  # mask_prob 1: every sentence but one per row
+    loss = model(tokens).aux["attention/cpc"]
+    assert torch.allclose(loss, 0.5 * cpc_explicit(model, tokens, chosen), atol=1e-10)
+
+
+def test_the_prediction_never_sees_its_sentence_and_the_target_sees_only_it():
+    model = cpc_model()
+    seg = model.objective.segment  # 4 tokens per sentence
+    tokens = torch.randint(0, 13, (1, 12))
+    shown = torch.ones(1, 12, dtype=torch.bool)
+    shown[0, seg : 2 * seg] = False  # sentence 1 masked
+    alone = ~shown
+    other = tokens.clone()
+    other[0, seg : 2 * seg] = (other[0, seg : 2 * seg] + 1) % 13  # sentence 1 rewritten
+    assert torch.equal(model.global_states(tokens, shown), model.global_states(other, shown))
+    assert not torch.allclose(model.global_states(tokens, alone)[0, 1], model.global_states(other, alone)[0, 1])
+    rest = tokens.clone()
+    rest[0, :seg] = (rest[0, :seg] + 1) % 13  # everything outside sentence 1 rewritten
+    rest[0, 2 * seg :] = (rest[0, 2 * seg :] + 1) % 13
+    assert torch.equal(model.global_states(tokens, alone), model.global_states(rest, alone))
+
+
+def test_cpc_draws_its_sentences_from_the_rng_in_training_and_a_fixed_seed_in_evaluation():
+    model = cpc_model(cpc_mask_prob=0.5)
+    tokens = torch.randint(0, 13, (8, 12))
+    pad = torch.ones(8, 12, dtype=torch.bool)
+    pad[0, 4:] = False  # row 0: one sentence, never masked (one stays visible)
+    draws = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        draws.append(model.objective.choose(tokens, pad, training=True)[0])
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert not draws[0][0].any() and not draws[2][0].any()
+    first = model.objective.choose(tokens, pad, training=False)[0]
+    torch.manual_seed(5)
+    assert torch.equal(first, model.objective.choose(tokens, pad, training=False)[0])
+    assert torch.equal(
+        model(tokens, key_padding=pad).aux["attention/cpc"], model(tokens, key_padding=pad).aux["attention/cpc"]
+    )
+
+
+def test_cpc_trains_the_encoder_through_both_passes_and_needs_two_sentences():
+    model = cpc_model().train()
+    loss = model(torch.randint(0, 13, (2, 12))).aux["attention/cpc"]
+    loss.backward()
+    assert model.aux_embed.weight.grad.abs().sum() > 0 and model.embed.weight.grad.abs().sum() > 0
+    one = model(torch.randint(0, 13, (1, 8)), key_padding=None).aux["attention/cpc"]  # 2 sentences, 1 masked
+    assert one.item() == 0.0
+    plain = build_model(task="classify", attention={**CPC, "cpc_weight": 0.0}, causal=False, max_len=12)
+    assert plain(torch.randint(0, 13, (2, 12))).aux == {} and plain.objective is None
+
+
+def test_cpc_learns_to_recognise_a_sentence_from_its_context():
+    """Rows repeat one random sentence three times: a masked copy is predictable from the visible ones, so
+    InfoNCE falls well below where it starts when only CPC trains (about 4 s)."""
+    model = cpc_model(cpc_weight=1.0, cpc_mask_prob=0.4).float().train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(150):
+        tokens = torch.randint(0, 13, (16, 4), generator=gen).repeat(1, 3)  # [16, 12]
+        loss = model(tokens).aux["attention/cpc"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-20:]) / 20 < 0.75 * sum(losses[:20]) / 20
+
+
+def test_cpc_runs_with_reversible_layers_and_activation_checkpointing():
+    for spec in ({"reversible": True}, {"checkpoint_activations": True}):
+        model = build_model(task="mlm", attention=CPC, causal=False, max_len=12, **spec).train()
+        model(torch.randint(0, 13, (3, 12))).aux["attention/cpc"].backward()
+        assert model.aux_embed.weight.grad.abs().sum() > 0
+
+
+def test_cpc_settings_must_agree_across_layers_and_need_row_inputs():
+    def sel(*params, inputs="tokens") -> compat.Selection:
+        return compat.Selection(
+            attention=[(ATTENTION.get("etc"), p, False) for p in params],
+            pos=(POS.get("none"), {}),
+            memory=[(MEMORY.get("none"), {})],
+            exit=(EXIT.get("none"), {}),
+            causal=False,
+            task="classify",
+            inputs=inputs,
+        )
+
+    assert any("every layer" in p for p in compat.check(sel({"cpc_weight": 0.5}, {"cpc_weight": 0.1})))
+    assert not any("cpc" in p for p in compat.check(sel({"cpc_weight": 0.5}, {"cpc_weight": 0.5, "radius": 3})))
+    assert any("image" in p for p in compat.check(sel({"cpc_weight": 0.5}, inputs="image")))
+    assert not any("cpc" in p for p in compat.check(sel({"cpc_weight": 0.0}, inputs="image")))
 
 
 def test_infonce_is_minimal_when_predictions_match_their_own_targets():
@@ -153,29 +248,11 @@ def test_infonce_is_minimal_when_predictions_match_their_own_targets():
     assert info_nce(target[:1], target[:1]) == 0.0  # one pair: nothing to contrast
 
 
-def test_model_trains_the_tables_and_the_cpc_loss():
-    attention = {"name": "etc", "global_tokens": 2, "radius": 3, "block": 4, "relative": True, "cpc_weight": 1.0}
+def test_model_trains_the_relative_tables_with_the_cpc_loss():
+    attention = {**CPC, "global_tokens": 2, "relative": True, "cpc_mask_prob": 0.5}
     model = build_model(task="classify", attention=attention, pos="none", causal=False, max_len=16).train()
     out = model(torch.randint(0, 13, (3, 14)))
     assert set(out.aux) == {"attention/cpc"}
     (F.cross_entropy(out.logits, torch.tensor([0, 1, 2])) + out.aux["attention/cpc"]).backward()
     rel = model.blocks[0].attn.mechanism.relative
     assert rel.long_emb.grad.abs().sum() > 0 and rel.global_bias.grad.abs().sum() > 0
-    plain = build_model(task="classify", attention={**attention, "relative": False, "cpc_weight": 0.0}, causal=False)
-    assert plain(torch.randint(0, 13, (2, 16))).aux == {}
-
-
-def test_cpc_is_refused_with_reversible_layers():
-    def sel(weight: float) -> compat.Selection:
-        return compat.Selection(
-            attention=[(ATTENTION.get("etc"), {"cpc_weight": weight}, False)],
-            pos=(POS.get("none"), {}),
-            memory=[(MEMORY.get("none"), {})],
-            exit=(EXIT.get("none"), {}),
-            causal=False,
-            task="classify",
-            reversible=True,
-        )
-
-    assert any("cpc_weight=0" in p for p in compat.check(sel(0.5)))
-    assert not any("cpc" in p for p in compat.check(sel(0.0)))

@@ -73,6 +73,14 @@ class AttentionMechanism(nn.Module, Component):
         the model adds them to its output's ``aux`` as ``attention/<name>`` (summed over layers)."""
         return {}
 
+    def model_objective(self) -> Any:
+        """A training objective the mechanism poses over the whole model, not inside its layer (None: none): a
+        callable ``objective(model, inputs, key_padding, segments) -> Tensor`` (already weighted) with a ``name``,
+        which the model calls after every forward without a decode cache and returns in its ``aux`` as
+        ``attention/<name>``. For objectives that change the model's input or run it more than once (ETC's CPC,
+        ``xfam.attention.etc_cpc``, masks whole sentences of the input). Default: none."""
+        return None
+
     @classmethod
     def exact_params(cls, seq_len: int) -> dict[str, Any]:
         """Parameters under which the mechanism equals dense softmax attention on sequences of

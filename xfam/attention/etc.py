@@ -38,21 +38,9 @@ The term reaches the block engine through its score-bias hook (``RelativeScores`
 query-dependent bias ``[B, H, ...]`` on the visited pairs), so the banded fast path stays O(n_l (2r + 1 + n_g)).
 The model's positional encoding still applies (``pos=none`` gives ETC's relative-only model).
 
-**CPC** (``cpc_weight > 0``; ETC's pre-training, sec. 3, after Oord et al., 2018, arXiv:1807.03748): ETC masks
-some sentences' tokens in the input and trains the global summary token of each masked sentence to predict,
-by an InfoNCE loss, the representation that a global token seeing only the unmasked sentence gets; the
-other masked sentences of the batch are the negatives. xfam's data marks no sentences and masks no input for
-this, so the mechanism poses the task inside each ETC layer, on its segments: for global token s (query q_s),
-
-    prediction  p_s = attention of q_s over the real long tokens *outside* segment s   (segment s masked)
-    target      t_s = attention of q_s over the real long tokens *of* segment s only  (the summary of it)
-    loss        -mean_i log softmax_j(<p_i, t_j> / sqrt(H Dh))[i],   i, j over the (row, segment) pairs of the
-                batch with both views non-empty (every other pair is a negative)
-
-(content scores only, heads concatenated), times ``cpc_weight``, returned as ``attention/cpc`` (summed over
-layers). In the first layer, whose rows are embeddings, hiding segment s from the query is the paper's input
-masking; in deeper layers the context rows already carry what earlier layers mixed in from segment s (through
-the local window and the global tokens), so the task is easier there than with ETC's input masking.
+**CPC** (``cpc_weight > 0``; ETC's pre-training, sec. 3.4): masks whole sentences of the input and contrasts
+their global tokens' states with those of a pass that sees each sentence alone, an objective over the whole
+model, not a layer (``model_objective``; ``xfam.attention.etc_cpc``).
 """
 
 from __future__ import annotations
@@ -61,7 +49,6 @@ import math
 from typing import Annotated, Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xfam.attention._base import ATTENTION, AttentionMechanism
@@ -73,10 +60,11 @@ from xfam.attention._sparse import (
     window_layout,
 )
 from xfam.attention._sparse.engine import dense_rows
+from xfam.attention.etc_cpc import SentenceCPC
 from xfam.core.bias import ScoreBias, ScoreModifier
 from xfam.core.logs import log_once
 from xfam.core.mask import AttnMask
-from xfam.core.registry import NonNegative, Positive, Probability, defaults_of
+from xfam.core.registry import NonNegative, Positive, Probability, Range, defaults_of
 from xfam.core.state import expand_kv
 
 #: Refusal of ``model.num_memory_tokens`` with ETC (build-time check and model builder).
@@ -132,7 +120,8 @@ class ETC(AttentionMechanism):
         dropout: dropout on the attention probabilities.
         relative: ETC's relative position labels in the four pieces (the module docstring).
         max_distance: k, the clipping distance of the l2l and g2g labels (12 in ETC's released configuration).
-        cpc_weight: weight of the CPC auxiliary loss (0: off; the module docstring).
+        cpc_weight: weight of ETC's CPC pre-training loss (0: off; ``xfam.attention.etc_cpc``).
+        cpc_mask_prob: the probability that CPC masks a sentence (the chunk a global token summarises).
         heads, head_dim: injected sizes (the relative tables are per head; the model always passes them).
     """
 
@@ -155,6 +144,7 @@ class ETC(AttentionMechanism):
         relative: bool = False,
         max_distance: Annotated[int, Positive] = 12,
         cpc_weight: Annotated[float, NonNegative] = 0.0,
+        cpc_mask_prob: Annotated[float, Range(gt=0, le=1)] = 0.15,
         heads: int | None = None,
         head_dim: int | None = None,
     ):
@@ -165,8 +155,7 @@ class ETC(AttentionMechanism):
         self.chunk = self.segment if g2l == "segment" else None
         self._patterns: dict[tuple[int, bool], ETCPattern] = {}
         self.relative = RelativeLabels(heads, head_dim, max_distance, self.segment) if relative else None
-        self.cpc_weight = cpc_weight
-        self._aux: dict[str, Tensor] = {}
+        self.cpc = SentenceCPC(cpc_weight, cpc_mask_prob, self.segment, global_tokens) if cpc_weight else None
 
     def rule(self, start: int, long_only: bool) -> ETCPattern:
         """The rule with the globals at key indices ``start ..`` (the whole rule, or the long rows' part)."""
@@ -187,7 +176,6 @@ class ETC(AttentionMechanism):
         p = self.dropout if self.training else 0.0
         n_g, start = self.aux_tokens, mask.offset  # the globals are the first n_g queries
         kh, vh = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # [B, H, Sk, Dh]
-        self._aux = {"cpc": self.cpc_weight * self.cpc_loss(q, kh, vh, mask)} if self.cpc_weight else {}
         if self.relative is not None:
             bias = RelativeScores(self.relative, q, start, n_g, bias)
         if self.backend == "dense":
@@ -200,28 +188,8 @@ class ETC(AttentionMechanism):
         out_glob = dense_rows(q[:, :, :n_g], kh, vh, rows, mask, bias, p, self.rule(start, False))
         return torch.cat((out_glob, out_long), dim=2)  # [B, H, n_g + n_l, Dh]
 
-    def cpc_loss(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask) -> Tensor:
-        """The CPC InfoNCE loss of this layer (unweighted; the module docstring): ``q [B, H, n_g + n_l, Dh]``,
-        ``k, v [B, H, Sk, Dh]`` (H heads)."""
-        n_g, first_long = self.aux_tokens, mask.offset + self.aux_tokens
-        qg, kl, vl = q[:, :, :n_g], k[:, :, first_long:], v[:, :, first_long:]  # [B, H, G, Dh], [B, H, L, Dh]
-        n_l = kl.shape[2]
-        seg = segment_of(torch.arange(n_l, device=q.device), self.segment)  # [L]
-        own = seg == torch.arange(n_g, device=q.device)[:, None]  # [G, L]: long token u lies in segment s
-        real = torch.ones(q.shape[0], n_l, dtype=torch.bool, device=q.device)
-        if mask.key_padding is not None:
-            real = mask.key_padding[:, -n_l:]
-        scores = qg @ kl.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [B, H, G, L]
-        views = []
-        for keys in (own[None] & real[:, None], ~own[None] & real[:, None]):  # [B, G, L]: target, prediction
-            probs = torch.softmax(scores.masked_fill(~keys[:, None], torch.finfo(scores.dtype).min), dim=-1)
-            views.append((probs @ vl).transpose(1, 2).flatten(2))  # [B, G, H*Dh]
-        target, pred = views
-        valid = (own[None] & real[:, None]).any(-1) & (~own[None] & real[:, None]).any(-1)  # [B, G]
-        return info_nce(pred[valid], target[valid])
-
-    def aux_losses(self) -> dict[str, Tensor]:
-        return self._aux
+    def model_objective(self) -> SentenceCPC | None:
+        return self.cpc
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
@@ -257,11 +225,16 @@ class ETC(AttentionMechanism):
             )
         if selection.num_memory_tokens:
             out.append(MEMORY_TOKENS_REFUSAL)
-        if selection.reversible and any({**defaults_of(cls), **p}["cpc_weight"] for p, _ in mine):
+        cpc = {tuple({**defaults_of(cls), **p}[k] for k in ("cpc_weight", "cpc_mask_prob")) for p, _ in mine}
+        if len(cpc) > 1:
             out.append(
-                "attention.cpc_weight > 0 returns ETC's CPC loss, an auxiliary loss, which needs the ordinary "
-                "autograd graph that reversible layers do not keep. Fix: attention.cpc_weight=0, or "
-                "model.reversible=false."
+                "attention=etc: cpc_weight and cpc_mask_prob must be the same in every layer (CPC is one objective "
+                "over the whole model). Fix: set them at the slot level only."
+            )
+        if selection.inputs == "image" and any(w for w, _ in cpc):
+            out.append(
+                "attention.cpc_weight > 0 masks sentences of the input's rows, but image inputs are patched inside "
+                "the model. Fix: attention.cpc_weight=0, or token/vector inputs."
             )
         exit_cls = selection.exit[0]
         if exit_cls.early_exit:
@@ -291,16 +264,6 @@ def _long_mask(mask: AttnMask, n_g: int) -> AttnMask:
 def segment_of(long_index: Tensor, segment: int) -> Tensor:
     """The global token whose segment holds long token ``long_index`` (fixed chunks of ``segment`` tokens)."""
     return torch.div(long_index, segment, rounding_mode="floor")
-
-
-def info_nce(pred: Tensor, target: Tensor) -> Tensor:
-    """InfoNCE (Oord et al., 2018) of ``pred [N, E]`` against ``target [N, E]``: each prediction's own target
-    is its positive, the other N - 1 targets its negatives; scores ``<p_i, t_j> / sqrt(E)``. Zero for N < 2."""
-    if pred.shape[0] < 2:
-        return pred.sum() * 0.0
-    logits = pred @ target.T / math.sqrt(pred.shape[-1])  # [N, N]
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (a half-precision run: in fp32)
-    return F.cross_entropy(logits, torch.arange(pred.shape[0], device=pred.device))
 
 
 class RelativeLabels(nn.Module):

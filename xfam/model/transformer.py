@@ -130,6 +130,8 @@ class XfamModel(nn.Module):
         self.aux_tokens = aux_token_count(self.blocks, spec.num_memory_tokens)
         self.aux_embed = nn.Embedding(self.aux_tokens, spec.dim) if self.aux_tokens else None
         self.aux_doc = SHARED if spec.num_memory_tokens else -1
+        # An objective the attention adds over the whole model (``AttentionMechanism.model_objective``: ETC's CPC).
+        self.objective = next((o for b in self.blocks if (o := b.attn.mechanism.model_objective()) is not None), None)
         final_norm = spec.pre_norm and spec.residual != "rezero"  # (ReZero has no norms at all)
         self.norm = make_norm(spec) if final_norm else nn.Identity()
         self.dual_norm = make_norm(spec) if spec.norm_position == "resi_dual" else None  # ResiDual's x_L + N(d_L)
@@ -218,6 +220,26 @@ class XfamModel(nn.Module):
         """
         if self.training and cache is None:
             self.new_step()
+        res, stack = self.traverse(tokens, key_padding, segments, memory, cache, targets, source)
+        logits = res.logits if res.logits is not None else stack.head(res.hidden)
+        aux = {**stack.aux, **{f"exit/{k}": val for k, val in res.aux.items()}}
+        if self.objective is not None and cache is None:  # a model-level objective of the attention (ETC's CPC)
+            aux[f"attention/{self.objective.name}"] = self.objective(self, tokens, key_padding, segments)
+        depth = None if res.depth is None else res.depth[:, self.aux_tokens :]
+        return ModelOutput(logits=logits, aux=aux, memory=stack.new_memory, cache=stack.new_cache(), depth=depth)
+
+    def traverse(
+        self,
+        tokens: Tensor,
+        key_padding: Tensor | None = None,
+        segments: Tensor | None = None,
+        memory: list[MemoryState] | None = None,
+        cache: DecodeCache | None = None,
+        targets: Tensor | None = None,
+        source: CrossSource | None = None,
+    ) -> tuple[ExitOutput, Stack]:
+        """Embed, plan the call and run the layers the exit policy chooses (``forward``'s arguments): the exit
+        policy's output (hidden ``[B, G + S, D]``, aux rows first) and the stack that ran, before the head."""
         e = self.embed(tokens)  # [B, S, D]
         plan = plan_call(e, key_padding, segments, cache, self.aux_tokens, self.aux_doc)
         x = self.embed_rows(e, plan)  # [B, G + S, D]
@@ -228,13 +250,16 @@ class XfamModel(nn.Module):
             self, plan, memory=memory, cache=cache, targets=targets, retrieved=retrieved, dtype=x.dtype, source=source
         )
         if self.spec.reversible:  # the whole stack in one recomputed pass (exit=none only: compat)
-            res = ExitOutput(hidden=stack.run_reversible(x))
-        else:
-            res = self.exit(x, stack)  # [B, G + S, D] through the layers the policy runs
-        logits = res.logits if res.logits is not None else stack.head(res.hidden)
-        aux = {**stack.aux, **{f"exit/{k}": val for k, val in res.aux.items()}}
-        depth = None if res.depth is None else res.depth[:, self.aux_tokens :]
-        return ModelOutput(logits=logits, aux=aux, memory=stack.new_memory, cache=stack.new_cache(), depth=depth)
+            return ExitOutput(hidden=stack.run_reversible(x)), stack
+        return self.exit(x, stack), stack  # [B, G + S, D] through the layers the policy runs
+
+    def global_states(
+        self, tokens: Tensor, key_padding: Tensor | None = None, segments: Tensor | None = None
+    ) -> Tensor:
+        """``[B, G, D]``: the final-normed hidden states of the G auxiliary tokens in front of the input (ETC's
+        global tokens), which the head never sees; what ETC's CPC objective compares."""
+        res, _ = self.traverse(tokens, key_padding, segments)
+        return self.norm(res.hidden[:, : self.aux_tokens])
 
     def embed_rows(self, e: Tensor, plan: CallPlan) -> Tensor:
         """``[B, S, D] -> [B, G + S, D]``: the embedded inputs (``self.embed``'s output), with input positions,
