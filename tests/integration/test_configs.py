@@ -31,6 +31,7 @@ def test_every_option_composes_and_validates(group: str, option: str) -> None:
             "tag": ["data=pytokens"],
             "seq2seq": ["data=seq2seq_toy"],
             "regress": ["data=timeseries"],
+            "decision": ["data=gym"],
         }.get(option, [])
     if (group, option) == ("experiment", "listops_mlm"):  # needs the corpus scripts/exp_seq2seq.py writes
         with pytest.raises(ConfigError, match="Fix: set data.paths"):

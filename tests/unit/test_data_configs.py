@@ -30,7 +30,7 @@ def test_defaults_validate_and_build_without_preparing(name):
     assert DATA.check(cfg, {}) == []
     src = DATA.build(cfg)
     pairs = max(cfg["source_len"], cfg["target_len"]) if "source_len" in cfg else None  # (images: no length)
-    seq_len = cfg.get("seq_len", pairs)
+    seq_len = cfg.get("seq_len", cfg.get("context", pairs))  # (data=gym: K timesteps per window)
     assert src.seq_len == seq_len and src.batch_size == cfg["batch_size"]
     with pytest.raises(RuntimeError, match="prepare"):
         src.split("train")

@@ -239,6 +239,36 @@ CALIBRATE = Command(
 )
 
 
+ROLLOUT = Command(
+    "rollout",
+    "run a Decision Transformer checkpoint in its environment at target returns",
+    (
+        ckpt("checkpoint file (.ckpt) of a task=decision run"),
+        Option(
+            "target_return",
+            ListOf(FLOAT),
+            [],
+            "returns to condition on, e.g. 500,250 (default: the expert behaviour's mean return)",
+            example="500,250",
+        ),
+        Option("episodes", INT, 10, "episodes per target return", check=POSITIVE),
+        Option("seed", INT, 0, "episode i is reset with seed seed + i (and sampling seeded with seed)"),
+        Option("sample", BOOL, True, "discrete actions drawn from the prediction (false: the most likely)"),
+        Option(
+            "max_steps",
+            INT,
+            None,
+            "cut episodes after this many steps (default: the environment's limit)",
+            check=POSITIVE,
+            example="200",
+        ),
+        Option("out", PATH, None, "also write every episode's return and length to this JSON file"),
+        DEVICE,
+    ),
+    run="xfam.cli.rollout:run",
+)
+
+
 def knn_options(args: Args) -> list[str]:
     """kNN-LM's own check of k, lambda and temperature, before the checkpoint and the datastore are read."""
     from xfam.knnlm.interpolate import check_knn_options
@@ -306,6 +336,7 @@ DESCRIPTION = """\
     xfam calibrate ckpt=PATH delta=0.1     an early-exit threshold with a guarantee (Learn-then-Test)
     xfam knnlm build ckpt=PATH             a kNN-LM datastore of a split (keys: the final FFN's input)
     xfam knnlm eval ckpt=PATH store=DIR    the checkpoint with and without kNN-LM interpolation
+    xfam rollout ckpt=PATH target_return=500,250   a Decision Transformer acting in its environment
 
 Options are key=value words, as train.py's overrides (--key=value and --key value work too; a bool
 option takes true/false, 1/0 or yes/no, and --key alone means true; key=null sets an option whose
@@ -315,8 +346,8 @@ default is null to None). Early-exit models take exit.KEY=VALUE words in eval, g
 #: The ``xfam`` command: every subcommand.
 XFAM = Group(
     "xfam",
-    "list components, evaluate and sample from checkpoints",
-    (LIST, EVAL, GENERATE, CALIBRATE, KNNLM),
+    "list components, evaluate, sample from and roll out checkpoints",
+    (LIST, EVAL, GENERATE, CALIBRATE, KNNLM, ROLLOUT),
     description=DESCRIPTION,
 )
 

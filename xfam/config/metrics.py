@@ -16,12 +16,12 @@ AUX_METRIC_SLOTS = ("attention", "memory", "exit")
 def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
     """The metric names a run of ``cfg`` returns when it ends (``runner.train``; what ``optimized_metric``
     may name): ``step``, ``train/tokens_per_s``, and for val (and test, with ``test=true``) the task's metrics
-    (``xfam.eval.metrics.summarize``): loss and acc (regress: loss, mse, rmse, mae); lm, seq2seq, mlm: ppl, and
-    (not mlm) bpb for byte-backed text; seq2seq: bleu, chrf, exact_match of generated outputs
-    (``task.eval_generate_rows`` > 0); an exit policy's depth and compute_saved; an early-exit policy's
-    full-depth metrics and agreement. Aux losses
+    (``xfam.eval.metrics.summarize``): loss and acc (regress, continuous decision: loss, mse, rmse, mae); lm,
+    seq2seq, mlm: ppl, and (not mlm) bpb for byte-backed text; seq2seq: bleu, chrf, exact_match of generated
+    outputs (``task.eval_generate_rows`` > 0); decision: the rollouts' return, return_std and score; an exit
+    policy's depth and compute_saved; an early-exit policy's full-depth metrics and agreement. Aux losses
     (``val/attention/span`` ...) are named by the components and matched by prefix (``AUX_METRIC_SLOTS``)."""
-    names = ["loss", "mse", "rmse", "mae"] if sel.task == "regress" else ["loss", "acc"]
+    names = ["loss", "mse", "rmse", "mae"] if continuous_targets(sel.task, cfg, data_cls) else ["loss", "acc"]
     if sel.task in ("lm", "seq2seq", "mlm"):
         text = data_cls is not None and data_cls.byte_text and sel.task != "mlm"
         names += ["ppl"] + (["bpb"] if text else [])
@@ -31,10 +31,19 @@ def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Sel
     if exit_cls.early_exit:
         full = ["loss", "acc"] + (["ppl", "bpb"] if "bpb" in names else ["ppl"] if "ppl" in names else [])
         names += [f"full/{n}" for n in full] + ["agreement"]
+    if sel.task == "decision" and cfg.get("task", {}).get("rollout_episodes", 10):
+        names += ["return", "return_std", "score"]  # (score: where the data has reference returns)
     if sel.task == "seq2seq" and cfg.get("task", {}).get("eval_generate_rows", 64):
         names += ["bleu", "chrf", "exact_match"]
     splits = ["val", "test"] if cfg.get("test", True) else ["val"]
     return ["step", "train/tokens_per_s"] + [f"{s}/{n}" for s in splits for n in names]
+
+
+def continuous_targets(task: str, cfg: Mapping[str, Any], data_cls: type | None) -> bool:
+    """Whether the task's targets are vectors scored by squared error (regress, decision on continuous actions)."""
+    if task == "decision" and data_cls is not None:
+        return data_cls.inputs_for(cfg["data"]).get("action_dim") is not None
+    return task == "regress"
 
 
 def _metric_problems(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:

@@ -25,7 +25,8 @@ class TaskSpec:
     """The ``task`` section (``configs/task/<name>.yaml``; each file lists the keys its task reads).
 
     Attributes:
-        name: ``auto`` (the data's task) or one of ``lm``, ``mlm``, ``classify``, ``tag``, ``seq2seq``, ``regress``.
+        name: ``auto`` (the data's task) or one of ``lm``, ``mlm``, ``classify``, ``tag``, ``seq2seq``, ``regress``,
+            ``decision`` (the Decision Transformer on trajectories: ``data=gym``, docs/rl.md).
         rate / mask_frac / random_frac / span: masked LM (``xfam.data.masking``): the share of real tokens
             selected; of those, the share replaced by [MASK] and by a random token (the rest kept); SpanBERT's
             contiguous spans instead of single tokens.
@@ -33,9 +34,17 @@ class TaskSpec:
             each validation and test (0: none; loss and token accuracy are always computed on every row).
         beam_size / length_penalty: that decoding: greedy (1) or beam search with GNMT's length penalty alpha.
         max_new_tokens: the longest generated output (null: the data's ``target_len``).
+        rollout_episodes: decision: episodes run in the environment per target return at each validation and
+            test (``xfam.eval.rollout``; 0: none, the action loss only).
+        target_returns: decision: the returns the rollouts condition on (null: the expert behaviour's mean return).
+        rollout_seed: decision: validation's episode i is reset with seed ``rollout_seed + i``, test's with
+            ``rollout_seed + 10000 + i``.
+        rollout_max_steps: decision: the most steps of one rollout episode (null: the environment's time limit).
+        rollout_sample: decision: draw discrete actions from the predicted distribution (the paper's Atari
+            evaluation), else take the most likely one; continuous actions are always the prediction.
     """
 
-    name: Literal["auto", "lm", "mlm", "classify", "tag", "seq2seq", "regress"] = "auto"
+    name: Literal["auto", "lm", "mlm", "classify", "tag", "seq2seq", "regress", "decision"] = "auto"
     rate: Annotated[float, Probability] = 0.15
     mask_frac: Annotated[float, Probability] = 0.8
     random_frac: Annotated[float, Probability] = 0.1
@@ -44,6 +53,11 @@ class TaskSpec:
     beam_size: Annotated[int, Positive] = 1
     length_penalty: Annotated[float, NonNegative] = 1.0
     max_new_tokens: Annotated[int, Positive] | None = None
+    rollout_episodes: Annotated[int, NonNegative] = 10
+    target_returns: list[float] | None = None
+    rollout_seed: int = 0
+    rollout_max_steps: Annotated[int, Positive] | None = None
+    rollout_sample: bool = True
 
 
 def known_task(name: object) -> str:
@@ -79,19 +93,19 @@ def arch_problems(arch: str, task: str, causal: bool | None, data_name: str) -> 
             f"model.arch=encoder_decoder maps a source to a target; data={data_name} is a {task} task without pairs. "
             f"Fix: model.arch=auto, or a source of pairs ({pairs})."
         ]
-    if arch == "encoder" and task in ("lm", "seq2seq", "regress"):
-        item = "vector" if task == "regress" else "token"
+    if arch == "encoder" and task in ("lm", "seq2seq", "regress", "decision"):
+        item = {"regress": "vector", "decision": "action"}.get(task, "token")
         return [
             f"model.arch=encoder is bidirectional, and a {task} task predicts each next {item}: the encoder would "
             f"see it. Fix: model.arch=auto ({'encoder_decoder' if task == 'seq2seq' else 'decoder'})"
-            + (", or task=mlm to pretrain an encoder on text." if task != "regress" else ".")
+            + (", or task=mlm to pretrain an encoder on text." if task in ("lm", "seq2seq") else ".")
         ]
     if arch == "decoder" and task == "mlm":
         return [
             "task=mlm predicts masked tokens from both sides; model.arch=decoder sees only the left. "
             "Fix: model.arch=auto (encoder)."
         ]
-    if causal is False and arch in ("decoder", "encoder_decoder") and task not in ("lm", "regress"):  # (validation's)
+    if causal is False and arch in ("decoder", "encoder_decoder") and task not in ("lm", "regress", "decision"):
         return [
             f"model.causal=false with model.arch={arch}: a decoder predicts each next token and must not see it. "
             f"Fix: model.causal=null."

@@ -137,6 +137,11 @@ def _causal_problems(spec: ModelSpec, task: str, data: Any) -> list[str]:
             f"model.causal=false with data={data}, a regress task: each position is trained to predict the next "
             f"vector, and with bidirectional attention it sees that vector. Fix: model.causal=null."
         ]
+    if task == "decision" and spec.causal is False:
+        return [
+            f"model.causal=false with data={data}, a decision task: the action a_t is predicted from the state "
+            f"token s_t, and with bidirectional attention that token sees a_t (and the future). Fix: model.causal=null."
+        ]
     if task == "classify" and spec.causal is True and spec.pool == "cls":
         return [
             f"model.causal=true with model.pool=cls on data={data}: under causal attention the first token sees "

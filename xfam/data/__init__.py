@@ -15,6 +15,7 @@ from xfam.data import (  # noqa: F401  (registration)
     seq2seq_toy,
     text,
     timeseries,
+    trajectories,
 )
 from xfam.data.base import DATA, DataSource
 

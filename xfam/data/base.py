@@ -17,6 +17,9 @@ Rows (columns of each split, torch-formatted):
 * continuous sequences (``task = "regress"``, ``xfam.data.timeseries``): ``series`` float ``[S + 1, F]``
   (inputs are ``series[:-1]``, targets ``series[1:]``).
 * images (``task = "classify"``, ``xfam.data.digits``): ``image`` float ``[C, H, W]`` and ``label`` int.
+* trajectories (``task = "decision"``, ``xfam.data.trajectories``): one window of K timesteps per row,
+  ``returns`` float ``[K]`` (scaled returns-to-go), ``states`` ``[K, S]`` (``[K]`` ids), ``actions`` ``[K]``
+  ids or ``[K, A]`` floats, ``timesteps`` int ``[K]`` and ``step_mask`` bool ``[K]`` (left padding False).
 
 Inputs other than token ids (``inputs``, below; ``xfam.model.inputs`` embeds them) are one float
 tensor under the batch key ``inputs``, in place of ``input_ids``.
@@ -25,7 +28,11 @@ Batches (what ``collate`` returns and the Lightning module consumes):
 
 * ``input_ids`` long ``[B, S]`` (seq2seq: the source), or for a source whose ``inputs`` are not token ids
   ``inputs`` float: vectors ``[B, S, F]`` (regress) or images ``[B, C, H, W]`` (classify)
-* ``targets`` float ``[B, S, F]``: regress, the next vector of every position
+* ``targets`` float ``[B, S, F]``: regress, the next vector of every position; decision, the continuous
+  actions ``[B, K, A]`` (normalised to [-1, 1], zeros on padding)
+* decision (``xfam.model.inputs``): ``inputs`` float ``[B, K, F]`` packed timesteps (``StepLayout.pack``),
+  ``labels`` long ``[B, K]`` for discrete actions (-100 on padding), ``step_mask`` bool ``[B, K]`` and, when
+  a step is padded, ``key_padding`` bool ``[B, n K]`` per token
 * ``labels`` long ``[B, S]`` with -100 where no target counts (lm, tag, seq2seq: the target) / ``label``
   long ``[B]`` (classify)
 * ``decoder_input_ids`` long ``[B, St]``: seq2seq, the target shifted right behind BOS
@@ -44,7 +51,7 @@ from torch import Tensor
 from xfam.core.registry import Component, Registry
 
 Split = Literal["train", "validation", "test"]
-Task = Literal["lm", "classify", "tag", "seq2seq", "regress"]
+Task = Literal["lm", "classify", "tag", "seq2seq", "regress", "decision"]
 
 
 class DataSource(Component):

@@ -44,6 +44,7 @@ from xfam.eval.forward import forward_batch
 from xfam.eval.inference import compares_full_depth, full_depth_stats, set_exit_options, summarize_full_depth
 from xfam.eval.metrics import add_stats, batch_stats, summarize
 from xfam.eval.outputs import GeneratedTexts
+from xfam.eval.rollout import task_rollouts
 from xfam.eval.text_metrics import text_metrics
 from xfam.memory import MEMORY
 from xfam.model.build import build_data, build_model
@@ -239,6 +240,7 @@ def evaluate_split(
     if texts is not None and texts.pairs:
         scores = text_metrics([h for h, _ in texts.pairs], [r for _, r in texts.pairs])
         metrics |= {f"{split}/{k}": v for k, v in scores.items()}
+    metrics |= task_rollouts(model, info, TaskSpec(**config.get("task", {})), split, test=split != "validation")
     return Evaluation(
         metrics,
         int(sums.get("batches", 0)),

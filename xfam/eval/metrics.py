@@ -31,11 +31,17 @@ def batch_stats(
     ``layers`` summed over the scored tokens (per-token tasks: tokens with a target; classify: real input
     tokens), with their count ``depth_tokens``. Per-token tasks (lm, seq2seq, mlm, tag) read ``labels [B, S]``
     (-100 = no target), classify ``label [B]``; regress reads ``targets [B, S, F]`` and sums the squared errors of
-    the predictions ``logits [B, S, F]`` as ``nll`` and their absolute errors as ``abs_err`` over ``count`` values."""
+    the predictions ``logits [B, S, F]`` as ``nll`` and their absolute errors as ``abs_err`` over ``count`` values.
+    Decision (``xfam.model.inputs``): discrete actions are ``labels [B, K]`` (as tag), continuous ones ``targets
+    [B, K, A]`` (as regress) over the real steps of ``step_mask [B, K]``."""
     logits = logits.float()
-    if task == "regress":
+    if "targets" in batch:  # regress; decision with continuous actions (its padded steps out: step_mask)
         err = logits - batch["targets"].float()  # [B, S, F]
-        count = torch.tensor(float(err.numel()), device=err.device)
+        steps = batch.get("step_mask")
+        if steps is not None:
+            err = err * steps[..., None]
+        real = err.numel() if steps is None else steps.sum() * err.shape[-1]
+        count = torch.as_tensor(real, dtype=torch.float32, device=err.device)
         stats = {"nll": err.square().sum(), "abs_err": err.abs().sum(), "count": count}
         keep = None
     elif task == "classify":
@@ -73,7 +79,7 @@ def summarize(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tens
     """Epoch metrics from summed statistics (see ``batch_stats``); aux losses are batch means."""
     count = sums["count"].clamp_min(1)
     loss = sums["nll"] / count
-    if task == "regress":  # (loss: the mean squared error)
+    if "abs_err" in sums:  # regress, continuous decision (loss: the mean squared error)
         out = {f"{prefix}/loss": loss, f"{prefix}/mse": loss, f"{prefix}/rmse": loss.sqrt()}
         out[f"{prefix}/mae"] = sums["abs_err"] / count
     else:

@@ -45,6 +45,7 @@ def data_info(source: DataSource, task: str | None = None) -> dict[str, Any]:
         "tokenizer": source.tokenizer_state(),
         "inputs": source.inputs,
         "target_dim": source.target_dim,
+        "decision": getattr(source, "decision", None),  # trajectories: the environment, return scale, references
     }
 
 

@@ -226,6 +226,20 @@ def _inputs_reasons(sel: Selection) -> list[str]:
             f"exit={exit_cls.registry_name} trains per-layer classifiers on token or class targets (cross-entropy, "
             f"confidence of a distribution), and task=regress predicts vectors with a squared error. Fix: {alt}."
         )
+    if sel.task == "decision" and exit_cls.early_exit:
+        alt = _alternatives("exit", lambda c: not c.early_exit)
+        out.append(
+            f"exit={exit_cls.registry_name} decides per token from a per-layer classifier of that token's target, "
+            f"and a decision model has a target (the action) at its state tokens only, one of every 2-3 rows; the "
+            f"return and action rows would exit on a classifier of nothing. Fix: {alt}."
+        )
+    if sel.task == "decision" and sel.has_memory:
+        mems = sorted({cls.registry_name for cls, _ in sel.memory if cls.registry_name != "none"})
+        out.append(
+            f"memory={','.join(mems)} carries states from one batch row to the next of a contiguous stream, and "
+            f"decision windows are sampled across episodes at random, and rollouts re-read a window each step. "
+            f"Fix: memory=none (a longer data.context, or attention=local / performer for long horizons)."
+        )
     return out
 
 

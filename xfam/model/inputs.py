@@ -8,6 +8,15 @@ that takes them:
 * ``{"kind": "vectors", "dim": F}``: continuous vectors ``[B, S, F]`` through ``VectorEmbedding``, one
   linear map ``R^F -> R^D`` applied at every position: the continuous-input wrapper of ``task=regress``
   (the Decision Transformer embeds its returns, states and actions with the same module).
+* ``{"kind": "decision", ...}``: windows of K trajectory timesteps ``[B, K, F]`` (``xfam.core.trajectory``) through
+  ``DecisionEmbedding``, the Decision Transformer's input (Chen et al., 2021, "Decision Transformer: Reinforcement
+  Learning via Sequence Modeling", arXiv:2106.01345, sec. 3): each timestep makes three tokens, interleaved
+  ``R_1, s_1, a_1, R_2, ...`` (3K rows; without returns, behaviour cloning, ``s_1, a_1, ...``), each modality with
+  its own embedding (a ``VectorEmbedding`` for the return-to-go and for continuous states and actions, an
+  ``nn.Embedding`` for discrete ones), plus the paper's timestep embedding, one learned vector per step of the
+  episode (absolute, not a position in the window), added to all three tokens of a step. The model is causal and
+  predicts a_t at the token s_t (``StepLayout.state_rows``): it sees R_1..R_t, s_1..s_t, a_1..a_{t-1}, never
+  a_t or later.
 * ``{"kind": "image", "channels": C, "height": H, "width": W}``: images ``[B, C, H, W]`` through
   ``PatchEmbedding``, the Vision Transformer's input (Dosovitskiy et al., 2020, "An Image is Worth 16x16
   Words: Transformers for Image Recognition at Scale", arXiv:2010.11929, sec. 3.1, eq. 1): the image is cut
@@ -30,11 +39,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from xfam.core.trajectory import StepLayout
 from xfam.model.spec import ModelSpec
 
 #: The inputs of a source that declares none, and of a checkpoint written before inputs were recorded.
 TOKENS: dict[str, Any] = {"kind": "tokens"}
-KINDS = ("tokens", "vectors", "image")
+KINDS = ("tokens", "vectors", "image", "decision")
 
 
 def inputs_of(info: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -86,6 +96,28 @@ class PatchEmbedding(nn.Module):
         return torch.cat((self.cls.to(x.dtype).expand(x.shape[0], -1, -1), x), dim=1)  # [B, 1 + N, D]
 
 
+class DecisionEmbedding(nn.Module):
+    """The Decision Transformer's embedding (module docstring): ``[B, K, F]`` packed timesteps -> ``[B, n K, D]``
+    interleaved tokens ``(R_1,) s_1, a_1, (R_2,) s_2, ...``."""
+
+    def __init__(self, layout: StepLayout, dim: int):
+        super().__init__()
+        self.layout = layout
+        self.returns = VectorEmbedding(1, dim) if layout.returns else None
+        state_dim, action_dim = layout.state_dim, layout.action_dim
+        self.states = VectorEmbedding(state_dim, dim) if state_dim else nn.Embedding(layout.state_vocab, dim)
+        self.actions = VectorEmbedding(action_dim, dim) if action_dim else nn.Embedding(layout.num_actions, dim)
+        self.timesteps = nn.Embedding(layout.max_timestep, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        returns, states, actions, steps = self.layout.unpack(x)
+        time = self.timesteps(steps)  # [B, K, D]
+        tokens = [self.states(states) + time, self.actions(actions) + time]
+        if self.returns is not None:
+            tokens.insert(0, self.returns(returns) + time)
+        return torch.stack(tokens, dim=2).flatten(1, 2)  # [B, n K, D]: (R_1,) s_1, a_1, (R_2,) s_2, ...
+
+
 def input_embedding(inputs: Mapping[str, Any], spec: ModelSpec, vocab_size: int) -> nn.Module:
     """The embedder of ``inputs`` (a description, module docstring) for a model of ``spec``."""
     kind = inputs["kind"]
@@ -93,12 +125,16 @@ def input_embedding(inputs: Mapping[str, Any], spec: ModelSpec, vocab_size: int)
         return VectorEmbedding(inputs["dim"], spec.dim)
     if kind == "image":
         return PatchEmbedding(inputs["channels"], spec.patch_size, spec.dim, cls_token=spec.pool == "cls")
+    if kind == "decision":
+        return DecisionEmbedding(StepLayout.of(inputs), spec.dim)
     return nn.Embedding(vocab_size, spec.dim)
 
 
 def input_rows(inputs: Mapping[str, Any], spec: ModelSpec) -> int | None:
-    """Rows one example makes (an image's patches, and its class token): None where the data's
-    ``seq_len`` says it (tokens, vectors)."""
+    """Rows one example makes (an image's patches, and its class token; a trajectory window's tokens): None where
+    the data's ``seq_len`` says it (tokens, vectors)."""
+    if inputs["kind"] == "decision":  # 3 tokens per timestep (2 without returns), data.context timesteps
+        return (3 if inputs.get("returns", True) else 2) * inputs["context"]
     if inputs["kind"] != "image":
         return None
     return (inputs["height"] // spec.patch_size) * (inputs["width"] // spec.patch_size) + (spec.pool == "cls")
@@ -110,8 +146,16 @@ def input_problems(inputs: Mapping[str, Any], spec: ModelSpec, data: str, bounde
     kind = inputs["kind"]
     if kind == "tokens":
         return []
-    what = "vectors" if kind == "vectors" else "images"
+    what = {"vectors": "vectors", "image": "images", "decision": "trajectories"}[kind]
     out = []
+    if kind == "decision" and bounded_pos and (rows := input_rows(inputs, spec)) > spec.max_len:
+        out.append(
+            f"data.context={inputs['context']} timesteps of data={data} make {rows} tokens "
+            f"({rows // inputs['context']} per step: return, state, action), more than the learned position table "
+            f"(model.max_len={spec.max_len}). "
+            f"Fix: model.max_len={rows} or more, a shorter data.context, or pos=none (the Decision Transformer's "
+            f"timestep embedding already places every token)."
+        )
     if kind == "image":
         h, w, p = inputs["height"], inputs["width"], spec.patch_size
         if h % p or w % p:

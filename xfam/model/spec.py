@@ -170,7 +170,8 @@ class ModelSpec:
         else encoder."""
         if self.arch != "auto":
             return self.arch
-        return {"seq2seq": "encoder_decoder", "lm": "decoder", "regress": "decoder"}.get(task, "encoder")
+        decoders = {"seq2seq": "encoder_decoder", "lm": "decoder", "regress": "decoder", "decision": "decoder"}
+        return decoders.get(task, "encoder")
 
     @property
     def emb_drop(self) -> float:

@@ -41,8 +41,9 @@ from xfam.pos import POS
 #: What the head computes: ``lm`` next-token logits ``[B, S, V]`` (causal by default); ``mlm`` token logits
 #: ``[B, S, V]`` and ``tag`` per-token class logits ``[B, S, C]`` (bidirectional); ``classify`` pooled ``[B, C]``;
 #: ``regress`` the next vector ``[B, S, F]`` (causal); ``encode`` no head: the final-normed hidden states
-#: ``[B, S, D]`` (an encoder-decoder's encoder).
-Task = Literal["lm", "mlm", "tag", "classify", "regress", "encode"]
+#: ``[B, S, D]`` (an encoder-decoder's encoder); ``decision`` the action of every timestep ``[B, K, A]`` (the Decision
+#: Transformer, causal: ``xfam.model.inputs``; logits over discrete actions, tanh-bounded continuous actions).
+Task = Literal["lm", "mlm", "tag", "classify", "regress", "encode", "decision"]
 
 
 @dataclasses.dataclass
@@ -87,14 +88,17 @@ class XfamModel(nn.Module):
         width F of a ``regress`` model's predicted vectors."""
         super().__init__()
         self.spec, self.task = spec, task
-        self.causal = spec.causal if spec.causal is not None else task in ("lm", "regress")
+        self.causal = spec.causal if spec.causal is not None else task in ("lm", "regress", "decision")
         struct = spec.structural(self.causal)
         self.inputs = dict(inputs or TOKENS)
         self.embed = input_embedding(self.inputs, spec, vocab_size)  # ids, vectors or images -> [B, S, D]
         self.drop = nn.Dropout(spec.emb_drop) if spec.emb_drop else nn.Identity()
         self.emb_norm = make_norm(spec) if spec.post_emb_norm else None
         self.pos = POS.build(pos, **struct)
-        out_dim = vocab_size if task in ("lm", "mlm") else target_dim if task == "regress" else num_classes
+        if task == "decision":  # one logit per discrete action, or the continuous action's values
+            target_dim = self.embed.layout.num_actions or self.embed.layout.action_dim
+        vectors = task in ("regress", "decision")
+        out_dim = vocab_size if task in ("lm", "mlm") else target_dim if vectors else num_classes
         self.exit = EXIT.build(exit, **struct, out_dim=out_dim)  # out_dim: for policies with their own classifiers
         self.num_layers = spec.layers
         n_blocks = 1 if spec.share_layers else self.exit.blocks_needed(spec.layers)  # (ALBERT: one block, L steps)
@@ -136,7 +140,7 @@ class XfamModel(nn.Module):
         self.norm = make_norm(spec) if final_norm else nn.Identity()
         self.dual_norm = make_norm(spec) if spec.norm_position == "resi_dual" else None  # ResiDual's x_L + N(d_L)
         self.head = (
-            nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag", "regress"))
+            nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag", "regress", "decision"))
             if task != "encode"
             else nn.Identity()
         )
@@ -291,6 +295,9 @@ class XfamModel(nn.Module):
         if retrieved is not None and proj is None:
             h = self.output_memory.mix(h, retrieved, self.head.weight)  # [B, S, D]
         out = proj if proj is not None else self.head
+        if self.task == "decision":  # a_t from the state token s_t: [B, n K, D] -> [B, K, A]
+            a = out(self.embed.layout.state_rows(h))
+            return a if self.embed.layout.discrete_actions else torch.tanh(a)
         if self.task != "classify":
             return out(h)
         if self.spec.pool == "cls":

@@ -10,7 +10,9 @@ hyperparameters record, so a checkpoint loads anywhere. Metrics:
   the first ``task.eval_generate_rows`` rows of each evaluation (``xfam.eval.outputs``);
 * mlm: loss, perplexity and accuracy on the masked tokens; tag: loss and accuracy per token;
 * classify: loss, accuracy;
-* regress: loss = mean squared error over every target value (mse), its root (rmse), the mean absolute error (mae).
+* regress: loss = mean squared error over every target value (mse), its root (rmse), the mean absolute error (mae);
+* decision: the action loss (cross-entropy and accuracy for discrete actions, as regress for continuous ones),
+  and the returns of rollouts in the environment (``xfam.eval.rollout``: return, return_std, score, per target).
 
 Exact resume (docs/architecture.md): the checkpoint stores the number of batches consumed in the
 current epoch and which epoch that is (the resumable sampler skips them there only), and every
@@ -39,6 +41,7 @@ from xfam.eval.forward import forward_batch
 from xfam.eval.inference import compares_full_depth, full_depth_stats, summarize_full_depth
 from xfam.eval.metrics import add_stats, batch_stats, summarize
 from xfam.eval.outputs import GeneratedTexts
+from xfam.eval.rollout import task_rollouts
 from xfam.eval.text_metrics import text_metrics
 from xfam.model.build import build_model
 from xfam.model.checkpoint import metadata
@@ -99,7 +102,7 @@ class XfamLitModule(L.LightningModule):
     # -- steps -----------------------------------------------------------------------------------
     def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
         """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
-        targets = batch[TARGET_KEYS.get(self.task, "labels")] if train else None
+        targets = batch.get(TARGET_KEYS.get(self.task, "labels")) if train else None
         return forward_batch(self.model, batch, memory=memory, targets=targets)
 
     def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -189,6 +192,9 @@ class XfamLitModule(L.LightningModule):
         if "agree" in sums:
             metrics |= summarize_full_depth(sums, self.task, prefix)
         metrics |= self._text_metrics(prefix)
+        if not self.trainer.sanity_checking:  # a decision model's rollouts: the same seeded episodes on every rank
+            rollouts = task_rollouts(self.model, self.data_info, self.task_spec, prefix, test=prefix == "test")
+            metrics |= {k: torch.tensor(v, device=self.device) for k, v in rollouts.items()}
         self.log_dict({k: v.float() for k, v in metrics.items()}, prog_bar=prefix == "val", sync_dist=False)
         self._sums = {}
 
