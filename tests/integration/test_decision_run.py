@@ -91,3 +91,14 @@ def test_bad_decision_configurations_are_refused_before_anything_runs(tmp_path: 
     with pytest.raises(ConfigError, match="model.max_len=15"):
         train(compose_cfg([*RUN, "pos=learned", "model.max_len=10"]), tmp_path / "d")
     assert not (tmp_path / "a").exists() and not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow  # (8 runs of 20 steps, their rollouts and the report: ~1 min)
+def test_the_decision_experiment_renders_its_report_in_quick_mode(tmp_path: Path) -> None:
+    from tests.integration.helpers import run_cli
+
+    run = run_cli(["scripts/exp_decision.py", "--quick", "--seeds", "0", "--out", str(tmp_path)], timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = (tmp_path / "results.md").read_text()
+    assert "<!-- experiments:decision:start -->" in report and "| %BC |" in report and "Spearman" in report
+    assert (tmp_path / "results_decision.png").stat().st_size > 1000
