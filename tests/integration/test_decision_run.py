@@ -84,8 +84,10 @@ def test_bad_decision_configurations_are_refused_before_anything_runs(tmp_path: 
     with pytest.raises(ConfigError) as err:
         train(compose_cfg([*RUN, "data.env=lunarlander"]), tmp_path / "a")
     assert "cartpole" in str(err.value) and "pendulum" in str(err.value)
-    with pytest.raises(ConfigError, match="exit=calm"):
-        train(compose_cfg([*RUN, "exit=calm"]), tmp_path / "b")
+    with pytest.raises(ConfigError, match="Fix: exit=calm"):
+        train(compose_cfg([*RUN, "exit=depth_adaptive"]), tmp_path / "b")
+    with pytest.raises(ConfigError, match="continuous actions"):
+        train(compose_cfg([*RUN, "data.env=pendulum", "exit=calm"]), tmp_path / "b")
     with pytest.raises(ConfigError, match="model.causal=false"):
         train(compose_cfg([*RUN, "model.causal=false"]), tmp_path / "c")
     with pytest.raises(ConfigError, match="model.max_len=15"):

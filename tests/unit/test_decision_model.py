@@ -18,7 +18,7 @@ CONTINUOUS = {"kind": "decision", "state_dim": 3, "action_dim": 2, "max_timestep
 NONE = {"name": "none"}
 
 
-def model(inputs=DISCRETE, attention=None, pos="none", seed=0, **spec) -> XfamModel:
+def model(inputs=DISCRETE, attention=None, pos="none", seed=0, exit=NONE, **spec) -> XfamModel:
     torch.manual_seed(seed)
     return XfamModel(
         ModelSpec(**{"dim": 32, "layers": 2, "heads": 4, "max_len": 60, **spec}),
@@ -27,7 +27,7 @@ def model(inputs=DISCRETE, attention=None, pos="none", seed=0, **spec) -> XfamMo
         attention=attention or {"name": "vanilla"},
         pos={"name": pos},
         memory=NONE,
-        exit=NONE,
+        exit=exit,
         inputs=inputs,
     ).eval()
 
@@ -135,3 +135,35 @@ def test_left_padding_leaves_the_real_steps_predictions_unchanged():
     padded = m(layout.pack(**junk), key_padding=layout.token_padding(mask)).logits[:, 2:]
     short = m(layout.pack(**{k: v[:, 2:] for k, v in w.items()})).logits
     assert torch.allclose(padded, short, atol=1e-5) and not torch.allclose(full, short, atol=1e-5)
+
+
+def test_calm_exits_per_action_and_trains_per_layer_heads_at_the_state_tokens():
+    """exit=calm on a decision model: the per-layer losses and the exit classifier read the state rows only; at
+    threshold 0 every action is read after layer 1 (its state row frozen there), at a threshold above 1 the
+    full model; the prediction of a_t still never sees a_t."""
+    calm = {"name": "calm", "threshold": 0.0, "min_layer": 1}
+    m = model(DISCRETE, exit=calm, pos="rope", layers=3)
+    layout = m.embed.layout
+    w = window(layout)
+    x = layout.pack(**w)
+    m.train()
+    out = m(x, targets=w["actions"])
+    assert {"exit/layers", "exit/classifier"} <= set(out.aux) and out.logits.shape == (2, 5, 3)
+    out.aux["exit/layers"].backward()  # the per-layer losses reach the first layer through its state rows
+    assert m.blocks[0].attn.qkv.weight.grad.abs().sum() > 0 and torch.isfinite(out.aux["exit/classifier"])
+    m.eval()
+    first = []
+    hook = m.blocks[0].register_forward_hook(lambda mod, args, y: first.append(y[0] if isinstance(y, tuple) else y))
+    out = m(x)
+    hook.remove()
+    assert torch.equal(out.depth, torch.ones(2, 5, dtype=torch.long))  # [B, K]: one depth per action
+    assert torch.allclose(out.logits, m.head_logits(first[0]), atol=1e-6)
+    m.exit.threshold = 2.0
+    with torch.no_grad():
+        full = m(x)
+    assert torch.equal(full.depth, torch.full((2, 5), 3)) and not torch.allclose(full.logits, out.logits)
+    m.exit.threshold = 0.5
+    base = m(x).logits
+    v = {k: t.clone() for k, t in w.items()}
+    v["actions"][:, 2:] = (v["actions"][:, 2:] + 1) % 3
+    assert torch.allclose(m(layout.pack(**v)).logits[:, :3], base[:, :3], atol=1e-6)

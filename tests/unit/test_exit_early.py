@@ -10,6 +10,7 @@ One file over 400 lines: both policies are checked against one hooked reference 
 from __future__ import annotations
 
 import types
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -183,8 +184,9 @@ def test_calm_confidence_definitions(measure):
     with torch.no_grad(), model.exit.full_depth():
         _, ins, outs = hooked(model, x)
         head = lambda h, proj=None: model.head_logits(h, None, proj)
+        stack = SimpleNamespace(head=head, scored_rows=model.scored_rows)  # what confidence reads of the stack
         for n in range(1, L + 1):
-            got = model.exit.confidence(n, ins[n - 1], outs[n - 1], head)
+            got = model.exit.confidence(n, ins[n - 1], outs[n - 1], stack)
             want = manual_confidence(model, measure, n, ins[n - 1], outs[n - 1])
             assert got.shape == (3, S)
             assert torch.allclose(got, want, atol=1e-6)

@@ -243,7 +243,7 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         # (a data section with problems of its own, reported above, is not read further)
         data_ok = data_cls is not None and not data_problems
         inputs = data_cls.inputs_for(cfg["data"]) if data_ok else TOKENS
-        sel.inputs = inputs["kind"]
+        sel.inputs, sel.continuous_actions = inputs["kind"], inputs.get("action_dim") is not None
         problems += input_problems(inputs, spec, data_name, sel.pos[0].bounded)
         sel.image = _image_of(data_cls, cfg["data"]) if data_ok else None
         problems += compat.check(sel)

@@ -4,7 +4,8 @@ The exit slot owns how depth is traversed; the model owns everything inside a la
 memory, decode state) and the head. A policy gets one ``LayerStack`` and calls ``run_layer`` for
 the layers it wants, in order, and ``head`` where it needs logits (early exits, per-layer losses).
 The rows of every tensor are ``[aux tokens | input]`` (aux tokens: memory tokens or ETC's globals,
-none in most models); the head drops the aux rows.
+none in most models); the head drops the aux rows, and scores the T rows that have targets: every input row,
+or a Decision Transformer's state rows (``scored_rows``).
 """
 
 from __future__ import annotations
@@ -39,4 +40,12 @@ class LayerStack(Protocol):
     def head(self, x: Tensor, proj: nn.Module | None = None) -> Tensor:
         """Final norm and output layer: ``[B, G + S, D] -> [B, S, V]`` (language model) or pooled ``[B, C]``;
         ``proj`` replaces the output layer (a policy's own per-layer classifier)."""
+        ...
+
+    def scored_rows(self, rows: Tensor) -> Tensor:
+        """Of per-row values ``[B, G + S, ...]``, the T rows the head scores ``[B, T, ...]``."""
+        ...
+
+    def spread_scores(self, scores: Tensor, rows: int, fill: float) -> Tensor:
+        """Per-scored-row values ``[B, T]`` back to every row ``[B, rows]``, ``fill`` on the others."""
         ...

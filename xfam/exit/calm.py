@@ -27,7 +27,6 @@ token's state is copied to the layers it skips and the later tokens' keys and va
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import torch
@@ -90,10 +89,11 @@ class CALM(EarlyExitPolicy):
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:
         out = []
-        if selection.task not in ("lm", "seq2seq"):
+        if selection.task not in ("lm", "seq2seq", "decision"):
             out.append(
-                f"exit=calm exits per generated token of a causal decoder (a language model, a seq2seq decoder); "
-                f"this is a {selection.task} task. Fix: exit=depth_adaptive exit.classifier=sequence, or exit=none."
+                f"exit=calm exits per generated token of a causal decoder (a language model, a seq2seq decoder, a "
+                f"Decision Transformer's actions); this is a {selection.task} task. Fix: exit=depth_adaptive "
+                f"exit.classifier=sequence, or exit=none."
             )
         if selection.has_memory:
             out.append(
@@ -101,11 +101,13 @@ class CALM(EarlyExitPolicy):
             )
         return out
 
-    def confidence(self, n: int, before: Tensor, after: Tensor, head: Callable[[Tensor], Tensor]) -> Tensor:
-        """c_n ``[B, S]`` of the measure, from the states before and after layer n ``[B, S, D]``."""
+    def confidence(self, n: int, before: Tensor, after: Tensor, stack: LayerStack) -> Tensor:
+        """c_n ``[B, T]`` of the measure at the T rows the head scores, from the states before and after layer n
+        ``[B, G + S, D]``."""
         if self.measure == "softmax":
-            top = torch.softmax(head(after).float(), dim=-1).topk(2, dim=-1).values  # [B, S, 2]
+            top = torch.softmax(stack.head(after).float(), dim=-1).topk(2, dim=-1).values  # [B, T, 2]
             return top[..., 0] - top[..., 1]
+        before, after = stack.scored_rows(before), stack.scored_rows(after)  # [B, T, D]
         if self.measure == "saturation":
             sim = F.cosine_similarity(before.float(), after.float(), dim=-1)
             return sim if n > 1 else torch.zeros_like(sim)
@@ -122,22 +124,21 @@ class CALM(EarlyExitPolicy):
 
     def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
         if self.training and stack.targets is not None:
-            return self._train(x, stack.run_layer, stack.num_layers, stack.head, stack.targets)
+            return self._train(x, stack)
 
         def decide(n: int, before: Tensor, after: Tensor) -> Tensor:
             if n < self.min_layer:
                 return torch.zeros(after.shape[:2], dtype=torch.bool, device=after.device)
-            c = self.confidence(n, before, after, stack.head)  # [B, S], or [B, S - G] from the head
-            c = F.pad(c, (after.shape[1] - c.shape[1], 0), value=float("-inf"))  # global tokens (ETC) never exit
+            c = self.confidence(n, before, after, stack)  # [B, T]: the rows the head scores
+            c = stack.spread_scores(c, after.shape[1], float("-inf"))  # unscored rows (ETC's globals ...) never exit
             return c >= self.threshold_at(stack.positions, after)
 
         hidden, depth = self.traverse(x, stack, decide)
         return ExitOutput(hidden=hidden, depth=depth)
 
-    def _train(
-        self, x: Tensor, run_layer: Callable[[int, Tensor], Tensor], num_layers: int, head: Callable, targets: Tensor
-    ) -> ExitOutput:
-        hiddens = traverse_all(x, run_layer, num_layers)
+    def _train(self, x: Tensor, stack: LayerStack) -> ExitOutput:
+        head, targets = stack.head, stack.targets
+        hiddens = traverse_all(x, stack.run_layer, stack.num_layers)
         n_layers = len(hiddens)
         weights = [(n / n_layers if self.weighting == "linear" else 1.0) for n in range(1, n_layers)] + [0.0]
         # the last layer's weight is 0 here: it is the trainer's loss
@@ -145,8 +146,8 @@ class CALM(EarlyExitPolicy):
         aux = {"layers": loss}
         if self.classifier_weight and n_layers > 1:
             consistent = (preds[:-1] == preds[-1]).float()  # [N-1, B, S] oracle: agrees with the full model
-            states = torch.stack(hiddens[:-1]).detach()  # [N-1, B, S', D] (S' may include global tokens)
-            logit = self.classifier(states[:, :, -targets.shape[1] :]).squeeze(-1).float()  # [N-1, B, S]
+            states = torch.stack([stack.scored_rows(h) for h in hiddens[:-1]]).detach()  # [N-1, B, T, D]
+            logit = self.classifier(states).squeeze(-1).float()  # [N-1, B, T]
             share = (consistent * keep).sum() / (keep.sum() * (n_layers - 1)).clamp_min(1)  # positives' share
             balance = torch.where(consistent.bool(), 1 - share, share) * keep  # each class weighs half
             bce = F.binary_cross_entropy_with_logits(logit, consistent, reduction="none")

@@ -32,7 +32,8 @@ class Selection:
     options ``xfam.model.block_compat`` checks against the slots (None: none set). ``image``: the geometry of the
     data's images when its rows are images (``shape``, ``order``, ``block``: ``data=pixels``), for the mechanisms
     that lay an image over the sequence (None: the data's rows are not images).
-    ``inputs``: the kind of the model's inputs (``xfam.model.inputs``: ``tokens``, ``vectors`` or ``image``).
+    ``inputs``: the kind of the model's inputs (``xfam.model.inputs``: ``tokens``, ``vectors``, ``image`` or
+    ``decision``); ``continuous_actions``: a decision model's actions are vectors (not ids).
     """
 
     attention: list[tuple[type[AttentionMechanism], dict[str, Any], bool]]
@@ -51,6 +52,7 @@ class Selection:
     block: ModelSpec | None = None
     image: dict[str, Any] | None = None
     inputs: str = "tokens"
+    continuous_actions: bool = False
 
     @property
     def has_memory(self) -> bool:
@@ -226,12 +228,16 @@ def _inputs_reasons(sel: Selection) -> list[str]:
             f"exit={exit_cls.registry_name} trains per-layer classifiers on token or class targets (cross-entropy, "
             f"confidence of a distribution), and task=regress predicts vectors with a squared error. Fix: {alt}."
         )
-    if sel.task == "decision" and exit_cls.early_exit:
-        alt = _alternatives("exit", lambda c: not c.early_exit)
+    if sel.task == "decision" and exit_cls.early_exit and exit_cls.registry_name != "calm":
         out.append(
-            f"exit={exit_cls.registry_name} decides per token from a per-layer classifier of that token's target, "
-            f"and a decision model has a target (the action) at its state tokens only, one of every 2-3 rows; the "
-            f"return and action rows would exit on a classifier of nothing. Fix: {alt}."
+            f"exit={exit_cls.registry_name} decides with classifiers of token or sequence targets; a decision model "
+            f"predicts an action at its state tokens only. Fix: exit=calm (per action), or exit=none."
+        )
+    if sel.task == "decision" and exit_cls.early_exit and sel.continuous_actions:
+        out.append(
+            f"exit={exit_cls.registry_name} measures the confidence of a distribution over actions (and trains on "
+            f"agreement of the most likely one); this decision model predicts continuous actions. Fix: exit=none, "
+            f"or data with discrete actions."
         )
     if sel.task == "decision" and sel.has_memory:
         mems = sorted({cls.registry_name for cls, _ in sel.memory if cls.registry_name != "none"})

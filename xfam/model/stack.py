@@ -98,6 +98,14 @@ class Stack:
             x = torch.cat((x[:, :ride], x[:, ride:] + self.model.dual_norm(self.carry.dual[0])), dim=1)
         return self.model.head_logits(x, self.plan.input_padding, proj, self.retrieved)
 
+    def scored_rows(self, rows: Tensor) -> Tensor:
+        """Of per-row values ``[B, G + S, ...]``, the rows the head scores (``XfamModel.scored_rows``)."""
+        return self.model.scored_rows(rows)
+
+    def spread_scores(self, scores: Tensor, rows: int, fill: float) -> Tensor:
+        """Per-scored-row values back to every row, ``fill`` elsewhere (``XfamModel.spread_scores``)."""
+        return self.model.spread_scores(scores, rows, fill)
+
     # -- whole-stack paths ---------------------------------------------------------------------------
     def run_reversible(self, x: Tensor) -> Tensor:
         """Every layer in one recomputed pass (``xfam.model.reversible``), for ``model.reversible``."""

@@ -229,7 +229,7 @@ class XfamModel(nn.Module):
         aux = {**stack.aux, **{f"exit/{k}": val for k, val in res.aux.items()}}
         if self.objective is not None and cache is None:  # a model-level objective of the attention (ETC's CPC)
             aux[f"attention/{self.objective.name}"] = self.objective(self, tokens, key_padding, segments)
-        depth = None if res.depth is None else res.depth[:, self.aux_tokens :]
+        depth = None if res.depth is None else self.scored_rows(res.depth)
         return ModelOutput(logits=logits, aux=aux, memory=stack.new_memory, cache=stack.new_cache(), depth=depth)
 
     def traverse(
@@ -291,13 +291,13 @@ class XfamModel(nn.Module):
         Auxiliary global tokens in front of ``hidden`` never reach the head. ``proj`` replaces the
         output layer (an exit policy's per-layer classifier). ``retrieved``: SPALM's neighbours, mixed
         into the head's input with the output word embeddings."""
+        if self.task == "decision":  # a_t from the state token s_t: [B, G + n K, D] -> [B, K, A]
+            a = (proj if proj is not None else self.head)(self.norm(self.scored_rows(hidden)))
+            return a if self.embed.layout.discrete_actions else torch.tanh(a)
         h = self.norm(hidden[:, self.aux_tokens :])
         if retrieved is not None and proj is None:
             h = self.output_memory.mix(h, retrieved, self.head.weight)  # [B, S, D]
         out = proj if proj is not None else self.head
-        if self.task == "decision":  # a_t from the state token s_t: [B, n K, D] -> [B, K, A]
-            a = out(self.embed.layout.state_rows(h))
-            return a if self.embed.layout.discrete_actions else torch.tanh(a)
         if self.task != "classify":
             return out(h)
         if self.spec.pool == "cls":
@@ -306,6 +306,22 @@ class XfamModel(nn.Module):
             return out(h.mean(dim=1))
         w = key_padding.to(h.dtype).unsqueeze(-1)  # [B, S, 1]
         return out((h * w).sum(1) / w.sum(1).clamp_min(1))
+
+    def scored_rows(self, rows: Tensor) -> Tensor:
+        """The rows the head scores, of per-row values ``[B, G + S, ...]`` (hidden states, depths): the input's
+        rows ``[B, S, ...]`` (the G aux rows dropped), a decision model's state rows ``[B, K, ...]``."""
+        rows = rows[:, self.aux_tokens :]
+        return self.embed.layout.state_rows(rows) if self.task == "decision" else rows
+
+    def spread_scores(self, scores: Tensor, rows: int, fill: float) -> Tensor:
+        """The inverse of ``scored_rows`` for per-row scores: ``[B, T] -> [B, rows]``, ``fill`` on every row the
+        head does not score (aux rows; a decision model's return and action rows)."""
+        if self.task != "decision":
+            return F.pad(scores, (rows - scores.shape[1], 0), value=fill)
+        out = scores.new_full((scores.shape[0], rows), fill)
+        n = self.embed.layout.tokens
+        out[:, self.aux_tokens + n - 2 :: n] = scores  # (state_rows' slice, behind the aux rows)
+        return out
 
     def empty_cache(self) -> DecodeCache:
         return DecodeCache(0, [None] * self.num_layers)
