@@ -65,6 +65,19 @@ def test_a_decision_run_resumes_exactly_rollouts_included(runs) -> None:
         assert resumed[key] == whole[key], key
 
 
+def test_a_decision_run_with_memory_resumes_exactly(tmp_path: Path) -> None:
+    """memory=xl over contiguous chunks of the episodes (data.stream): carried across batches, saved with the
+    checkpoint, and read segment by segment by the rollouts."""
+    run = [*RUN, "memory=xl", "memory.mem_len=15", "data.stream=true", "data.batch_size=4", "model.max_len=30"]
+    whole = train(compose_cfg(run), tmp_path / "whole")
+    stop_at(5, compose_cfg(run), tmp_path / "split")
+    resumed = train(compose_cfg([*run, "ckpt_path=auto"]), tmp_path / "split")
+    assert step_losses(tmp_path / "split") == step_losses(tmp_path / "whole")
+    assert resumed["val/return@500"] == whole["val/return@500"] and resumed["test/loss"] == whole["test/loss"]
+    with pytest.raises(ConfigError, match="data.stream=true"):
+        train(compose_cfg([*RUN, "memory=xl"]), tmp_path / "refused")
+
+
 def test_the_checkpoint_loads_alone_and_acts(runs, capsys) -> None:
     whole_dir = runs[0]
     ckpt = whole_dir / "checkpoints" / "last.ckpt"

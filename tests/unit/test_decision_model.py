@@ -60,7 +60,7 @@ def test_pack_and_unpack_round_trip_and_the_token_order():
     assert torch.allclose(e[:, 2::3], emb.actions(w["actions"]) + time)
     assert torch.equal(layout.state_rows(torch.arange(15)[None, :, None])[0, :, 0], torch.arange(1, 15, 3))
     mask = torch.tensor([[False, True, True, True, True]])
-    assert layout.token_padding(mask).tolist() == [[False] * 3 + [True] * 12]
+    assert layout.per_token(mask).tolist() == [[False] * 3 + [True] * 12]
 
 
 def test_behaviour_cloning_has_no_return_tokens():
@@ -132,7 +132,7 @@ def test_left_padding_leaves_the_real_steps_predictions_unchanged():
     junk = {k: v.clone() for k, v in w.items()}
     junk["states"][:, :2] = 100.0
     mask = torch.tensor([[False, False, True, True, True]])
-    padded = m(layout.pack(**junk), key_padding=layout.token_padding(mask)).logits[:, 2:]
+    padded = m(layout.pack(**junk), key_padding=layout.per_token(mask)).logits[:, 2:]
     short = m(layout.pack(**{k: v[:, 2:] for k, v in w.items()})).logits
     assert torch.allclose(padded, short, atol=1e-5) and not torch.allclose(full, short, atol=1e-5)
 

@@ -17,7 +17,7 @@ from xfam.model.transformer import XfamModel
 NONE = {"name": "none"}
 
 
-def dt(env: str, context: int = 4, seed: int = 0) -> tuple[XfamModel, dict]:
+def dt(env: str, context: int = 4, seed: int = 0, memory: dict = NONE) -> tuple[XfamModel, dict]:
     info = ENVS[env]
     inputs = {"kind": "decision", "state_dim": info.state_dim, "max_timestep": info.max_steps, "returns": True}
     inputs |= {"num_actions": info.num_actions} if info.discrete else {"action_dim": info.action_dim}
@@ -28,7 +28,7 @@ def dt(env: str, context: int = 4, seed: int = 0) -> tuple[XfamModel, dict]:
         vocab_size=0,
         attention={"name": "vanilla"},
         pos={"name": "none"},
-        memory=NONE,
+        memory=memory,
         exit=NONE,
         inputs=inputs,
     ).eval()
@@ -58,7 +58,7 @@ def by_hand(model: XfamModel, decision: dict, target: float, seed: int, limit: i
         )
         mask = torch.arange(k)[None] >= pad
         with torch.no_grad():
-            pred = model(x, key_padding=layout.token_padding(mask) if pad else None).logits[0, -1]
+            pred = model(x, key_padding=layout.per_token(mask) if pad else None).logits[0, -1]
         act = [float(pred.argmax())] if layout.discrete_actions else pred.numpy()
         env_action = int(act[0]) if layout.discrete_actions else np.asarray(act)
         obs, reward, terminated, truncated, _ = env.step(to_env_action(info, env_action))
@@ -110,3 +110,52 @@ def test_normalised_scores_and_default_targets():
     assert targets_of({"reference_returns": ref}, None) == [-200.0]
     assert targets_of({"reference_returns": None, "max_return": 77.0}, []) == [77.0]
     assert targets_of({"reference_returns": ref}, [1, 2]) == [1.0, 2.0]
+
+
+def by_hand_with_memory(model, decision, target: float, seed: int, limit: int, carry: bool = True):
+    """One episode with segment-level recurrence: the current segment of K steps, the completed ones written to
+    the memory once their last action is known (``carry=False``: a fresh memory every segment)."""
+    layout, k = model.embed.layout, decision["context"]
+    env = make_env(decision["env"])
+    obs, _ = env.reset(seed=seed)
+    states, actions, togo, total, logits = [obs], [], [target / decision["return_scale"]], 0.0, []
+    memory = model.init_memory(1, torch.device("cpu"))
+
+    def pack(lo: int, hi: int, acts: list) -> torch.Tensor:
+        return layout.pack(
+            torch.tensor(togo[lo:hi])[None],
+            torch.tensor(np.array(states[lo:hi]), dtype=torch.float32)[None],
+            torch.tensor(np.array(acts[lo:hi]), dtype=torch.float32).reshape(1, hi - lo, -1),
+            torch.arange(lo, hi)[None],
+        )
+
+    for t in range(limit):
+        lo = t // k * k
+        with torch.no_grad():
+            pred = model(pack(lo, t + 1, [*actions, [0.0]]), memory=memory).logits[0, -1]
+        logits.append(pred)
+        act = int(pred.argmax())
+        obs, reward, terminated, truncated, _ = env.step(act)
+        total += reward
+        actions.append([float(act)])
+        states.append(obs)
+        togo.append(togo[-1] - reward / decision["return_scale"])
+        if (t + 1) % k == 0:
+            with torch.no_grad():
+                written = model(pack(lo, t + 1, actions), memory=memory).memory
+            memory = written if carry else model.init_memory(1, torch.device("cpu"))
+        if terminated or truncated:
+            break
+    return total, len(actions), torch.stack(logits)
+
+
+def test_a_model_with_memory_rolls_out_segment_by_segment_with_its_memory():
+    model, decision = dt("cartpole", context=3, memory={"name": "xl", "mem_len": 9})
+    res = rollout(model, decision, 60.0, episodes=3, seed=4, max_steps=14, sample=False)
+    for i in range(3):
+        total, length, logits = by_hand_with_memory(model, decision, 60.0, seed=4 + i, limit=14)
+        assert res.returns[i] == pytest.approx(total) and res.lengths[i] == length
+    _, _, fresh = by_hand_with_memory(model, decision, 60.0, seed=4, limit=14, carry=False)
+    _, _, kept = by_hand_with_memory(model, decision, 60.0, seed=4, limit=14)
+    n = min(len(fresh), len(kept))
+    assert torch.allclose(fresh[:3], kept[:3]) and not torch.allclose(fresh[3:n], kept[3:n])  # the memory is read

@@ -11,7 +11,7 @@ import torch
 from xfam.core.errors import ConfigError
 from xfam.core.trajectory import StepLayout
 from xfam.data import DATA
-from xfam.data.episodes import Episodes, Windows
+from xfam.data.episodes import Chunks, Episodes, Windows, collate_decision
 from xfam.data.gym_envs import ENVS, from_env_action, make_env, policy, run_episode, to_env_action
 from xfam.data.module import XfamDataModule
 from xfam.data.trajectories import _episode_rows, _generator_params
@@ -89,6 +89,25 @@ def test_windows_are_left_padded_and_every_step_ends_one() -> None:
         row = rows[i]
         assert row["step_mask"][-1] and torch.equal(row["states"][-1], torch.from_numpy(ep.states[i]))
         assert row["timesteps"][-1] == ep.timesteps[i]
+
+
+def test_stream_chunks_lay_the_episodes_end_to_end_and_mark_them() -> None:
+    """data.stream: row k + 1 continues row k; episodes are documents (ids per token, the row ending one)."""
+    ep = Episodes.concat([tiny(), tiny()])  # 4 episodes of lengths 3, 2, 3, 2: 10 steps
+    rows = Chunks(ep, context=3, return_scale=1.0, seed=0)
+    assert len(rows) == 3  # the 10th step, a partial chunk, is dropped
+    laid = rows.episodes  # the episodes in the chunks' seeded order
+    flat = [rows[i] for i in range(3)]
+    assert torch.equal(torch.cat([r["states"] for r in flat]), torch.from_numpy(laid.states[:9]))
+    assert all(r["step_mask"].all() for r in flat)
+    for r in flat:  # the row's first episode is 0, + 1 at every episode start after it
+        starts = r["timesteps"] == 0
+        assert r["episode"][0] == 0 and torch.equal(r["episode"], torch.cumsum(starts.long(), 0) - starts[0].long())
+    ends = np.cumsum(laid.lengths)  # a row whose last step ends an episode
+    assert [bool(r["doc_end"]) for r in flat] == [3 * (i + 1) in ends for i in range(3)]
+    batch = collate_decision(flat, StepLayout(max_timestep=5, state_dim=2, num_actions=2))
+    assert torch.equal(batch["segments"][:, ::3], batch["segments"][:, 1::3]) and batch["segments"].shape == (3, 9)
+    assert "key_padding" not in batch and batch["doc_end"].dtype == torch.bool
 
 
 def test_the_generated_windows_cover_every_step_with_absolute_timesteps(sources) -> None:

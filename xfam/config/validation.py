@@ -244,6 +244,7 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         data_ok = data_cls is not None and not data_problems
         inputs = data_cls.inputs_for(cfg["data"]) if data_ok else TOKENS
         sel.inputs, sel.continuous_actions = inputs["kind"], inputs.get("action_dim") is not None
+        sel.documents = data_cls.documents_for(cfg["data"]) if data_ok else sel.documents
         problems += input_problems(inputs, spec, data_name, sel.pos[0].bounded)
         sel.image = _image_of(data_cls, cfg["data"]) if data_ok else None
         problems += compat.check(sel)
@@ -262,11 +263,12 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
                 f"than model.max_len={spec.max_len} (memory tokens take no absolute position, but attention slots). "
                 f"Fix: model.max_len={seq_len + n} or more, a shorter data.seq_len, or fewer memory tokens."
             )
-        if sel.streams and data_cls is not None and not data_cls.contiguous:
+        if sel.streams and data_cls is not None and not data_cls.contiguous_for(cfg["data"]):
             why = streams_of(cfg["loader"], sel.memory)[1]
+            own = f"{data_cls.stream_hint}, " if data_cls.stream_hint else ""
             problems.append(
                 f"{why}: contiguous streams need a contiguous source (consecutive rows of one token stream); "
-                f"data={cfg['data']['name']} is not. Fix: data=text or data=hf"
+                f"data={cfg['data']['name']} is not. Fix: {own}data=text or data=hf"
                 + (", or memory=none." if sel.has_memory else ", or loader.streams=false.")
             )
     if problems:

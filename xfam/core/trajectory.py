@@ -9,7 +9,7 @@ float32 below 2^24), so every slot of the model runs on it unchanged:
 
 R_t is the return-to-go, t the absolute step within the episode. The model's rows are the 3 tokens of each
 step (R_t, s_t, a_t; 2 without returns, behaviour cloning), so its key padding is per token
-(``StepLayout.token_padding``) and the actions are predicted at the state tokens (``StepLayout.state_rows``).
+(``StepLayout.per_token``) and the actions are predicted at the state tokens (``StepLayout.state_rows``).
 """
 
 from __future__ import annotations
@@ -81,9 +81,10 @@ class StepLayout:
         actions = actions if self.action_dim else actions[..., 0].long()
         return returns, states, actions, steps[..., 0].long()
 
-    def token_padding(self, step_mask: Tensor) -> Tensor:
-        """Per-timestep ``[B, K]`` (True: real) -> per-token key padding ``[B, n K]``."""
-        return step_mask.repeat_interleave(self.tokens, dim=1)
+    def per_token(self, steps: Tensor) -> Tensor:
+        """Per-timestep values ``[B, K]`` -> per-token ``[B, n K]`` (a step's value on each of its tokens): the
+        key padding of a step mask, the document ids of each step's episode."""
+        return steps.repeat_interleave(self.tokens, dim=1)
 
     def state_rows(self, h: Tensor) -> Tensor:
         """The rows of the state tokens, from which the actions are predicted: ``[B, n K, D] -> [B, K, D]``."""

@@ -60,6 +60,7 @@ class DataSource(Component):
     Class attributes:
         task: ``lm``, ``classify``, ``tag``, ``seq2seq`` or ``regress`` (continuous vectors, the next one predicted).
         contiguous: lm rows are consecutive chunks of one token stream (streams mode possible).
+        stream_hint: the setting that makes a source's rows contiguous, where one does (for a refusal's fix).
         byte_text: the tokens are text with ``token_bytes`` (bits per byte is reported).
 
     Set by ``prepare()``:
@@ -77,6 +78,7 @@ class DataSource(Component):
 
     task: ClassVar[Task] = "lm"
     contiguous: ClassVar[bool] = False
+    stream_hint: ClassVar[str | None] = None
     byte_text: ClassVar[bool] = False
 
     vocab_size: int
@@ -103,6 +105,17 @@ class DataSource(Component):
         anything is built): ``{"kind": "tokens"}`` (ids, the default), ``{"kind": "vectors", "dim": F}``
         (``[S, F]`` floats per row) or ``{"kind": "image", "channels": C, "height": H, "width": W}``."""
         return {"kind": "tokens"}
+
+    @classmethod
+    def contiguous_for(cls, params: dict[str, Any]) -> bool:
+        """Whether rows configured with ``params`` are consecutive chunks of streams (``contiguous``; a source
+        whose layout is a setting overrides it)."""
+        return cls.contiguous
+
+    @classmethod
+    def documents_for(cls, params: dict[str, Any]) -> bool:
+        """Whether batches of a source configured with ``params`` mark documents (``segments``): ``doc_mask``."""
+        return bool(params.get("doc_mask", False))
 
     @property
     def inputs(self) -> dict[str, Any]:

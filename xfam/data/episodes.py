@@ -15,9 +15,15 @@ builds the same left-padded context): ``returns [K]`` the returns-to-go R_t = su
 ``timesteps [K]`` (the absolute step within the episode) and ``step_mask [K]`` (True: a real step); padded
 steps are zeros. Windows are never stored: they are gathered from the episodes per batch.
 
+With ``stream`` (``Chunks``, for the memory slot), rows are instead the consecutive K-step chunks of the split's
+episodes laid end to end (in a seeded order), so row k + 1 continues row k and a memory carries the past across
+rows: no padding, an episode may start inside a row, and each row also holds ``episode [K]`` (0 for the row's
+first episode, + 1 at each episode start) and ``doc_end`` (its last step ends an episode), from which the batch's
+document ids come (``segments``, per token: attention and memory never cross episodes).
+
 Batches (``collate_decision``): ``inputs [B, K, F]`` (``xfam.core.trajectory.StepLayout.pack``), ``labels`` long
 ``[B, K]`` (discrete actions, -100 on padding) or ``targets`` float ``[B, K, A]``, ``step_mask [B, K]`` and,
-when a step is padded, ``key_padding [B, n K]`` (``StepLayout.token_padding``).
+when a step is padded, ``key_padding [B, n K]`` (``StepLayout.per_token``).
 """
 
 from __future__ import annotations
@@ -126,7 +132,7 @@ class Windows(torch.utils.data.Dataset):
         index = int(index)
         if not 0 <= index < len(self):
             raise IndexError(f"window {index} of {len(self)}")
-        return {k: torch.from_numpy(v[0]) for k, v in self.windows(np.array([index])).items()}
+        return {k: torch.as_tensor(v[0]) for k, v in self.windows(np.array([index])).items()}
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Tensor]]:
         """A batch's rows in one gather (a DataLoader calls it in place of ``__getitem__`` per row)."""
@@ -137,8 +143,38 @@ class Windows(torch.utils.data.Dataset):
         return [{k: v[i] for k, v in batch.items()} for i in range(len(ends))]
 
 
+class Chunks(Windows):
+    """The rows of one split for contiguous streams (``stream``): chunk i holds the steps ``i K .. i K + K - 1`` of
+    the episodes laid end to end in a seeded order (module docstring); a last partial chunk is dropped."""
+
+    def __init__(self, episodes: Episodes, context: int, return_scale: float, seed: int):
+        order = np.random.default_rng([seed, 7]).permutation(len(episodes.lengths))
+        super().__init__(episodes.select(order), context, return_scale)
+        ep = self.episodes
+        self.episode = np.repeat(np.arange(len(ep.lengths)), ep.lengths)  # [N] each step's episode
+        self.last = np.zeros(len(self.first), dtype=bool)  # [N] the last step of its episode
+        self.last[ep.starts + ep.lengths - 1] = True
+
+    def __len__(self) -> int:
+        return len(self.first) // self.context
+
+    def windows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Chunks ``rows [B]``: the window fields, all steps real, plus ``episode [B, K]`` and ``doc_end [B]``."""
+        pos = rows[:, None] * self.context + np.arange(self.context)  # [B, K]
+        episode = self.episode[pos]
+        return {
+            "returns": self.rtg[pos],
+            "states": self.episodes.states[pos],
+            "actions": self.episodes.actions[pos],
+            "timesteps": self.steps[pos],
+            "step_mask": np.ones(pos.shape, dtype=bool),
+            "episode": episode - episode[:, :1],
+            "doc_end": self.last[pos[:, -1]],
+        }
+
+
 def collate_decision(rows: list[dict[str, Tensor]], layout: StepLayout) -> dict[str, Tensor]:
-    """Windows to a batch (module docstring)."""
+    """Windows (or chunks) to a batch (module docstring)."""
     stack = lambda key: torch.stack([r[key] for r in rows])  # noqa: E731
     returns, states, actions, steps, mask = (
         stack(k) for k in ("returns", "states", "actions", "timesteps", "step_mask")
@@ -149,5 +185,8 @@ def collate_decision(rows: list[dict[str, Tensor]], layout: StepLayout) -> dict[
     else:
         batch["targets"] = actions.float()  # [B, K, A], zeros on padding
     if not mask.all():
-        batch["key_padding"] = layout.token_padding(mask)  # [B, n K]
+        batch["key_padding"] = layout.per_token(mask)  # [B, n K]
+    if "episode" in rows[0]:  # chunks of contiguous streams: documents are episodes
+        batch["segments"] = layout.per_token(stack("episode"))  # [B, n K]
+        batch["doc_end"] = stack("doc_end").bool()  # [B]
     return batch

@@ -38,7 +38,7 @@ from xfam.core.registry import Range
 from xfam.core.trajectory import StepLayout
 from xfam.data.base import DATA, DataSource, Task
 from xfam.data.cache import cached_generate
-from xfam.data.episodes import Episodes, Windows, collate_decision, split_indices
+from xfam.data.episodes import Chunks, Episodes, Windows, collate_decision, split_indices
 from xfam.data.gym_envs import ENVS, POLICY_KINDS, EnvInfo, from_env_action, make_env, policy, run_episode
 from xfam.data.packing import FORMAT, SPLITS, get_split
 from xfam.data.tokenize import short_hash
@@ -161,6 +161,8 @@ class GymTrajectories(DataSource):
         top_fraction: keep this fraction of the training episodes, the best by return (filtered BC).
         return_scale: the returns-to-go are divided by it; null: the largest absolute episode return of the
             training split (before ``top_fraction``).
+        stream: rows are the consecutive K-step chunks of the episodes laid end to end (``xfam.data.episodes.Chunks``),
+            so batches can be contiguous streams for the memory slot; false: one left-padded window per timestep.
         batch_size: windows per batch.
         seed: the episodes' random streams and the split; the same seed gives the same data.
     """
@@ -180,6 +182,7 @@ class GymTrajectories(DataSource):
         returns: bool = True,
         top_fraction: Annotated[float, Range(gt=0, le=1)] = 1.0,
         return_scale: Annotated[float, Range(gt=0)] | None = None,
+        stream: bool = False,
         batch_size: Annotated[int, Range(ge=1)] = 64,
         seed: int = 0,
     ):
@@ -192,9 +195,19 @@ class GymTrajectories(DataSource):
             self._set_heads(self.inputs)
         self.decision: dict[str, Any] = {}
 
+    stream_hint = "data.stream=true (rows as consecutive chunks of the episodes)"
+
     @classmethod
     def task_for(cls, params: dict[str, Any]) -> Task:
         return "decision"
+
+    @classmethod
+    def contiguous_for(cls, params: dict[str, Any]) -> bool:
+        return bool(params.get("stream"))
+
+    @classmethod
+    def documents_for(cls, params: dict[str, Any]) -> bool:
+        return bool(params.get("stream"))  # chunks mark their episodes (segments)
 
     @classmethod
     def inputs_for(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -316,7 +329,11 @@ class GymTrajectories(DataSource):
         best = np.sort(np.argsort(-returns, kind="stable")[:kept])
         served = {**episodes, "train": train.select(best) if kept < len(returns) else train}
         self._episodes = served
-        self._splits = {name: Windows(served[name], self.params["context"], scale) for name in SPLITS}
+        k = self.params["context"]
+        rows = {name: Windows(served[name], k, scale) for name in SPLITS}
+        if self.params["stream"]:
+            rows = {name: Chunks(served[name], k, scale, self.seed) for name in SPLITS}
+        self._splits = rows
         self.fingerprint = short_hash(data_key, self.params, scale)
 
         everything = Episodes.concat([episodes[name] for name in SPLITS])

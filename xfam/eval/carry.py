@@ -4,7 +4,8 @@ the Lightning module, ``xfam eval``, kNN-LM's datastore and scoring loops).
 Row r of every batch continues stream r of the previous batch (``loader.streams``), so the model gets
 the memory the previous batch wrote. When the data marks documents, each row's document ids are
 shifted to continue the stream's numbering, so a memory never shows a query another document's
-entries (the memory is reset at document boundaries, to the token).
+entries (the memory is reset at document boundaries, to the token). A row's last document ends with it when
+its last token is the boundary token (text), or where the batch says so (``doc_end``: trajectory chunks).
 
 A carry is ``{"layers": per-layer memory states, "docs": [B] each row's next document id, or None}``.
 """
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from xfam.eval.forward import model_inputs
+
 Carry = dict[str, Any]
 
 
@@ -26,12 +29,14 @@ def carried_inputs(
 
     ``carry``: the previous batch's (None at the start of the streams: empty memory)."""
     if carry is None:
-        carry = {"layers": model.init_memory(batch["input_ids"].shape[0], batch["input_ids"].device), "docs": None}
+        rows = model_inputs(batch)
+        carry = {"layers": model.init_memory(rows.shape[0], rows.device), "docs": None}
     docs = None
     if "segments" in batch:
         first = carry["docs"] if carry["docs"] is not None else torch.zeros_like(batch["segments"][:, 0])
         segments = batch["segments"] + first[:, None]  # [B, S], continuing the row's stream
-        boundary = batch["input_ids"][:, -1] == eos_id  # a boundary closes its document
+        # the row's last document ends with it: a boundary token closes its document (text), or the data says so
+        boundary = batch["doc_end"] if "doc_end" in batch else batch["input_ids"][:, -1] == eos_id
         docs = segments[:, -1] + boundary.long()  # [B]
         batch = {**batch, "segments": segments}
     return batch, carry["layers"], docs

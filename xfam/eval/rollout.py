@@ -3,7 +3,9 @@ the model acts in its environment, conditioned on a target return.
 
 At the start of an episode the return-to-go is the target R_1 = G (divided by the data's ``return_scale``,
 as in training); at each step the model reads the last K timesteps (R, s, a), left-padded at the start of the
-episode exactly as the training windows are (``xfam.data.trajectories``), and its prediction at the newest
+episode exactly as the training windows are (``xfam.data.episodes``); a model with memory (trained on
+contiguous chunks, ``data.stream``) reads the current segment of K steps instead, the completed segments
+being in its memory (each written once its last action is known), and its prediction at the newest
 state token is the action: for discrete actions one drawn from the predicted distribution (the paper's Atari
 evaluation samples; ``sample=False``: the arg-max), for continuous ones the tanh-bounded vector mapped back to
 the environment's range (deterministic, as the paper's gym evaluation). After the reward r_t,
@@ -99,23 +101,28 @@ def rollout(
     returns, lengths = np.zeros(n), np.zeros(n, dtype=int)
     running = np.ones(n, dtype=bool)
     total = 0
-    for t in range(limit):
-        rows = np.flatnonzero(running)
-        lo = max(0, t - k + 1)
-        window = slice(lo, t + 1)
-        pad = k - (t + 1 - lo)  # left padding at the start of the episode
-        step_mask = torch.zeros(len(rows), k, dtype=torch.bool, device=device)
-        step_mask[:, pad:] = True
+    memory = model.init_memory(n, device) if model.uses_memory else None  # (memory: every episode keeps its row)
 
+    def segment(r: torch.Tensor, lo: int, hi: int, pad: int = 0) -> torch.Tensor:
+        """Steps ``lo .. hi - 1`` of episodes ``r``, ``pad`` zero steps in front: ``[R, pad + hi - lo, F]``."""
+        return layout.pack(
+            left_pad(togo[r, lo:hi], pad),
+            left_pad(states[r, lo:hi], pad),
+            left_pad(actions[r, lo:hi], pad),
+            left_pad(steps[lo:hi].expand(len(r), -1), pad),
+        )
+
+    for t in range(limit):
+        rows = np.arange(n) if memory is not None else np.flatnonzero(running)
         r = torch.as_tensor(rows, device=device)
-        x = layout.pack(
-            left_pad(togo[r, window], pad),
-            left_pad(states[r, window], pad),
-            left_pad(actions[r, window], pad),
-            left_pad(steps[window].expand(len(rows), -1), pad),
-        )  # [R, K, F]
-        key_padding = layout.token_padding(step_mask) if pad else None
-        pred = model(x, key_padding=key_padding).logits[:, -1]  # [R, A]: the newest state token's action
+        if memory is None:  # the last K steps, left-padded at the start of the episode (the training windows)
+            lo = max(0, t - k + 1)
+            pad = k - (t + 1 - lo)
+            step_mask = (torch.arange(k, device=device) >= pad).expand(len(rows), -1)  # [R, K]
+            key_padding = layout.per_token(step_mask) if pad else None
+            pred = model(segment(r, lo, t + 1, pad), key_padding=key_padding).logits[:, -1]  # [R, A]
+        else:  # segment-level recurrence: this segment of K steps, the earlier ones in the memory
+            pred = model(segment(r, t // k * k, t + 1), memory=memory).logits[:, -1]
         if not layout.discrete_actions:
             act = pred  # [R, A] in [-1, 1]
         elif sample:
@@ -124,6 +131,8 @@ def rollout(
             act = pred.argmax(-1, keepdim=True).float()
         actions[r, t] = act
         for j, i in enumerate(rows):
+            if not running[i]:
+                continue
             a = int(act[j, 0]) if layout.discrete_actions else act[j].cpu().numpy()
             obs, reward, terminated, truncated, _ = envs[i].step(to_env_action(info, a))
             returns[i] += reward
@@ -134,6 +143,8 @@ def rollout(
                 continue
             states[i, t + 1] = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(-1)
             togo[i, t + 1] = togo[i, t] - float(reward) / scale
+        if memory is not None and (t + 1) % k == 0:  # a completed segment, its actions known, writes the memory
+            memory = model(segment(r, t + 1 - k, t + 1), memory=memory).memory
         if not running.any():
             break
     for env in envs:

@@ -239,13 +239,6 @@ def _inputs_reasons(sel: Selection) -> list[str]:
             f"agreement of the most likely one); this decision model predicts continuous actions. Fix: exit=none, "
             f"or data with discrete actions."
         )
-    if sel.task == "decision" and sel.has_memory:
-        mems = sorted({cls.registry_name for cls, _ in sel.memory if cls.registry_name != "none"})
-        out.append(
-            f"memory={','.join(mems)} carries states from one batch row to the next of a contiguous stream, and "
-            f"decision windows are sampled across episodes at random, and rollouts re-read a window each step. "
-            f"Fix: memory=none (a longer data.context, or attention=local / performer for long horizons)."
-        )
     return out
 
 
