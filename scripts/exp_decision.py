@@ -207,20 +207,14 @@ def verdicts(results: list[dict[str, Any]], scores: dict, envs: list[str]) -> li
     for env in envs:
         mean = {k[1]: statistics.mean(v) for k, v in scores.items() if k[0] == env and v}
         sd = {k[1]: (statistics.stdev(v) if len(v) > 1 else 0.0) for k, v in scores.items() if k[0] == env and v}
-        if "DT" in mean and "BC" in mean:
-            margin = mean["DT"] - mean["BC"]
-            holds = margin >= -max(sd["DT"], sd["BC"])
-            out.append(
-                f"* {env}: DT vs BC {margin:+.1f} points: "
-                + ("reproduced (DT >= BC within one seed spread)." if holds else "NOT reproduced at this scale.")
-            )
-        if "DT" in mean and "%BC" in mean:
-            margin = mean["DT"] - mean["%BC"]
-            holds = margin >= -max(sd["DT"], sd["%BC"])
-            out.append(
-                f"* {env}: DT vs %BC {margin:+.1f} points: "
-                + ("DT matches or beats %BC." if holds else "%BC is better here (the paper: comparable on D4RL).")
-            )
+        for other, held, missed in (
+            ("BC", "reproduced (DT >= BC within one seed spread).", "NOT reproduced at this scale."),
+            ("%BC", "DT matches or beats %BC.", "%BC is better here (the paper: comparable on D4RL)."),
+        ):
+            if "DT" in mean and other in mean:
+                margin = mean["DT"] - mean[other]
+                holds = margin >= -max(sd["DT"], sd[other])
+                out.append(f"* {env}: DT vs {other} {margin:+.1f} points: " + (held if holds else missed))
         runs = [r for r in results if r["env"] == env and r["method"] == "DT"]
         if runs:
             targets = [x["target"] for x in runs[0]["rollouts"]]

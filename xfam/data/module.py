@@ -102,8 +102,8 @@ class XfamDataModule(L.LightningDataModule):
             if len(sampler) == 0:
                 raise ConfigError(
                     f"data={self.source.registry_name}: the {split} split has {len(rows)} rows, fewer than one "
-                    f"stream per batch row ({bs} x {world} ranks). Fix: a smaller data.batch_size, or larger "
-                    f"data.val_fraction / data.test_fraction."
+                    f"stream per batch row ({bs} x {world} ranks). Fix: a smaller data.batch_size, or a larger "
+                    f"{split} split (data.val_fraction / data.test_fraction, data.episodes ...)."
                 )
             return self._loader(rows, sampler, self.eval_collate)
         mine = list(range(rank, len(rows), world))  # round-robin shard; every row counted once
