@@ -51,7 +51,6 @@ import math
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -64,7 +63,7 @@ SECTION = "blocks"
 sys.path.insert(0, str(ROOT / "scripts"))
 from exp_finetune import compose, shown  # noqa: E402
 from memory_experiments import pyplot, save  # noqa: E402
-from run_experiments import comparable, fmt, one_line, write_section  # noqa: E402
+from run_experiments import comparable, fmt, one_line, run_folder, write_section  # noqa: E402
 
 BASE_LR = 1e-3  # the main job's optim.lr (configs/optim/adamw.yaml)
 LRS = (BASE_LR, 10 * BASE_LR, 100 * BASE_LR)  # the main job's rate, 10x and 100x it
@@ -567,8 +566,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     known = {a.key for a in ARMS}
     if args.only and not set(args.only.split(",")) <= known:
         parser.error(f"--only: unknown arms {sorted(set(args.only.split(',')) - known)}; choose among {sorted(known)}")
-    if args.out is None:
-        args.out = tempfile.mkdtemp(prefix="exp_blocks_") if args.quick else str(ROOT / "runs" / "exp_blocks")
+    args.out = str(run_folder(args.out, "exp_blocks", args.quick))
     if args.results is None:
         args.results = str(Path(args.out) / "results.md") if args.quick else str(RESULTS)
     return args

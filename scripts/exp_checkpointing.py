@@ -35,7 +35,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -227,8 +226,9 @@ def main() -> None:
         print(json.dumps(worker(args)), flush=True)
         return
     sizes = QUICK if args.quick else FULL
-    out = Path(args.out or (tempfile.mkdtemp(prefix="exp_checkpointing_") if args.quick else "runs/exp_checkpointing"))
-    out.mkdir(parents=True, exist_ok=True)
+    from run_experiments import run_folder, write_section  # (not in the worker processes)
+
+    out = run_folder(args.out, "exp_checkpointing", args.quick)
     rows = []
     for depth in sizes["depths"]:
         for ckpt in (False, True):
@@ -246,7 +246,6 @@ def main() -> None:
     command = f"OMP_NUM_THREADS={args.threads} python scripts/exp_checkpointing.py {flags}".rstrip()
     body = report(rows, sizes, args, command)
     sys.path.insert(0, str(ROOT / "scripts"))
-    from run_experiments import write_section
 
     write_section(out / "results.md" if args.quick else RESULTS, SECTION, body)
     print(f"report: {out / 'results.md' if args.quick else RESULTS}")

@@ -32,7 +32,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ SECTION = "decision"
 sys.path.insert(0, str(ROOT / "scripts"))
 from exp_finetune import compose, shown  # noqa: E402
 from memory_experiments import pyplot, save  # noqa: E402
-from run_experiments import write_section  # noqa: E402
+from run_experiments import run_folder, write_section  # noqa: E402
 
 #: Per environment: the noisy expert's noise (a medium-quality tier between expert and random) and the target
 #: returns the DT is conditioned on (from the random policy's level up to the expert's).
@@ -294,8 +293,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    out = Path(args.out or (tempfile.mkdtemp(prefix="decision-") if args.quick else ROOT / "runs" / "exp_decision"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = run_folder(args.out, "exp_decision", args.quick)
     results = [
         run_one(env, method, int(seed), out, args)
         for env in envs

@@ -53,7 +53,6 @@ import math
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -63,7 +62,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "finetuning.md"
 sys.path.insert(0, str(ROOT / "scripts"))
-from run_experiments import comparable, fmt, one_line, write_section  # noqa: E402
+from run_experiments import comparable, fmt, one_line, run_folder, write_section  # noqa: E402
 
 RECIPES = ("memorizing", "longformer", "interpolation")
 #: How each report introduces the command line of its recipe.
@@ -658,7 +657,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     logging.getLogger("xfam").setLevel(logging.INFO)  # as train.py: each run's train.log gets its init_from table
     budget = QUICK if args.quick else REAL
-    out = Path(args.out or (tempfile.mkdtemp(prefix="exp_finetune_") if args.quick else ROOT / "runs" / "exp_finetune"))
+    out = run_folder(args.out, "exp_finetune", args.quick)
     docs = None if args.no_docs else Path(args.docs) if args.docs else None if args.quick else DOCS
     chosen = list(RECIPES) if args.which == "all" else [args.which]
     shared: dict[str, Stage] = {}  # the pretraining runs two recipes share, by label

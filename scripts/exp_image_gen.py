@@ -34,7 +34,6 @@ import math
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
@@ -47,7 +46,7 @@ SECTION = "image_gen"
 sys.path.insert(0, str(ROOT / "scripts"))
 from exp_finetune import compose, shown  # noqa: E402
 from memory_experiments import pyplot, save  # noqa: E402
-from run_experiments import comparable, fmt, one_line, write_section  # noqa: E402
+from run_experiments import comparable, fmt, one_line, run_folder, write_section  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -331,8 +330,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--dry-run", action="store_true", help="compose and validate both runs; train nothing")
     args = parser.parse_args(argv)
-    if args.out is None:
-        args.out = tempfile.mkdtemp(prefix="exp_image_gen_") if args.quick else str(ROOT / "runs" / "exp_image_gen")
+    args.out = str(run_folder(args.out, "exp_image_gen", args.quick))
     if args.results is None:
         args.results = str(Path(args.out) / "results.md") if args.quick else str(RESULTS)
     return args

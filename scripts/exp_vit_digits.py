@@ -27,7 +27,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ SECTION = "vit_digits"
 sys.path.insert(0, str(ROOT / "scripts"))
 from exp_finetune import compose, shown  # noqa: E402
 from memory_experiments import pyplot, save  # noqa: E402
-from run_experiments import write_section  # noqa: E402
+from run_experiments import run_folder, write_section  # noqa: E402
 
 C_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
 QUICK = ["trainer.max_steps=20", "trainer.val_check_interval=10", "optim.warmup_steps=5", "model.dim=32"]
@@ -179,8 +178,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    out = Path(args.out or (tempfile.mkdtemp(prefix="vit-digits-") if args.quick else ROOT / "runs" / "exp_vit_digits"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = run_folder(args.out, "exp_vit_digits", args.quick)
     vits = [train_vit(int(s), out, args.quick) for s in args.seeds.split(",")]
     base = logistic_baseline(vits[0]["config"]["data"])
     (out / "results.json").write_text(json.dumps({"vit": vits, "logistic_regression": base}, indent=1, default=str))

@@ -636,13 +636,27 @@ REPORTS = {
 }
 
 
+def runs_root() -> Path:
+    """Where experiment runs go: the repository's ``runs/``, or ``XFAM_RUNS`` (as for train.py)."""
+    return Path(os.environ.get("XFAM_RUNS", ROOT / "runs"))
+
+
+def run_folder(out: str | None, name: str, quick: bool) -> Path:
+    """An experiment script's run folder, created: ``out`` when given, else a fresh temporary folder for a
+    ``--quick`` smoke run (never beside the real runs), else ``<runs root>/<name>``."""
+    import tempfile
+
+    folder = Path(out) if out else Path(tempfile.mkdtemp(prefix=f"{name}_")) if quick else runs_root() / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def add_run_options(parser: argparse.ArgumentParser, threads: int) -> None:
     """The options every experiment driver shares: overrides, where runs and results go, threads, dry run."""
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override added to every run (repeatable)"
     )
-    runs_root = Path(os.environ.get("XFAM_RUNS", ROOT / "runs"))
-    parser.add_argument("--out", default=str(runs_root), help="runs go to <out>/<experiment>/<run> (default: runs/)")
+    parser.add_argument("--out", default=str(runs_root()), help="runs go to <out>/<experiment>/<run> (default: runs/)")
     parser.add_argument("--results", default=str(RESULTS), help="markdown file that receives the tables")
     parser.add_argument("--no-results", action="store_true", help="do not write the results file and plots")
     parser.add_argument("--threads", type=int, default=threads, help=f"torch threads (default {threads})")
