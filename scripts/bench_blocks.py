@@ -39,8 +39,8 @@ docs/benchmarks_blocks.png.
         --profile xfam_macaron_talking_heads xtransformers_macaron_talking_heads
                                                             # re-render with the follow-up and torch.profiler tables
 
-One file, as scripts/bench_seq2seq.py: the workers, the orchestration and the report share the option sets and
-the system names; the protocol itself is shared with bench_train.py in benchlib.
+One file over 400 lines, as scripts/bench_seq2seq.py: the workers, the orchestration and the report share the
+option sets and the system names; the protocol itself is shared with bench_train.py in benchlib.
 """
 
 from __future__ import annotations

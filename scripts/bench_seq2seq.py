@@ -37,7 +37,7 @@ docs/benchmarks_seq2seq.png.
     python scripts/bench_seq2seq.py --from-json seq2seq.json --append-json more.json --profile xfam_encdec xfam_beam
                                                             # re-render with the follow-up and torch.profiler tables
 
-One file: the workers, the orchestration and the report share the shape and the system names, and the
+One file over 400 lines: the workers, the orchestration and the report share the shape and the system names, and the
 decoding and training halves are short; the protocol itself is shared with bench_train.py in benchlib.
 """
 

@@ -19,6 +19,9 @@ tables between ``<!-- experiments:<section>:start/end -->`` markers of the resul
 ``--quick`` trains a few steps on capped data into ``<out>/exp_seq2seq_quick`` and writes its tables there
 (``results.md``), never into docs/.
 
+One file over 400 lines: the three experiments share their runner, tables and plots, and docs/results.md cites
+this one command.
+
 * ``arch`` (``experiment=seq2seq_docstrings``): an encoder-decoder (Vaswani et al., 2017, arXiv:1706.03762)
   and a decoder-only model reading the source as a prefix (T5's prefix-LM layout, Raffel et al., 2020,
   arXiv:1910.10683, sec. 3.2; the loss on the target only), at equal parameters: the decoder's depth is the

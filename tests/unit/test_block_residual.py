@@ -1,7 +1,10 @@
 """The block options on the residual stream, the norms and the FFN (docs/blocks.md), each against its paper's
 equations: ReZero, LayerScale, GTrXL's gate, DeepNorm, ResiDual, sandwich norm, NormFormer, ScaleNorm and the simple
 RMSNorm, the GLU and squared-ReLU FFNs, stochastic depth. The options' common contract and the attention, layout
-and embedding options: tests/unit/test_block_options.py."""
+and embedding options: tests/unit/test_block_options.py.
+
+One file over 400 lines: every residual, norm and FFN option shares the reference block and its fixtures.
+"""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from doubles import build_model
 
 from xfam.attention import ATTENTION
+from xfam.attention._etc_cpc import info_nce
 from xfam.attention.etc import ETC, RelativeScores
-from xfam.attention.etc_cpc import info_nce
 from xfam.core.mask import AttnMask
 from xfam.exit import EXIT
 from xfam.memory import MEMORY
@@ -114,7 +114,7 @@ def test_l2l_labels_depend_on_the_clipped_distance_only():
     assert not torch.allclose(at(4, 5), at(4, 6))
 
 
-# -- CPC (xfam/attention/etc_cpc.py) -------------------------------------------------------------------------
+# -- CPC (xfam/attention/_etc_cpc.py) -------------------------------------------------------------------------
 
 CPC = {"name": "etc", "global_tokens": 3, "radius": 3, "block": 4, "cpc_weight": 0.5, "cpc_mask_prob": 1.0}
 

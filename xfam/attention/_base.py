@@ -78,7 +78,7 @@ class AttentionMechanism(nn.Module, Component):
         callable ``objective(model, inputs, key_padding, segments) -> Tensor`` (already weighted) with a ``name``,
         which the model calls after every forward without a decode cache and returns in its ``aux`` as
         ``attention/<name>``. For objectives that change the model's input or run it more than once (ETC's CPC,
-        ``xfam.attention.etc_cpc``, masks whole sentences of the input). Default: none."""
+        ``xfam.attention._etc_cpc``, masks whole sentences of the input). Default: none."""
         return None
 
     @classmethod

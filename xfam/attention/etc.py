@@ -40,7 +40,7 @@ The model's positional encoding still applies (``pos=none`` gives ETC's relative
 
 **CPC** (``cpc_weight > 0``; ETC's pre-training, sec. 3.4): masks whole sentences of the input and contrasts
 their global tokens' states with those of a pass that sees each sentence alone, an objective over the whole
-model, not a layer (``model_objective``; ``xfam.attention.etc_cpc``).
+model, not a layer (``model_objective``; ``xfam.attention._etc_cpc``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from xfam.attention._base import ATTENTION, AttentionMechanism
+from xfam.attention._etc_cpc import SentenceCPC
 from xfam.attention._sparse import (
     SparsePattern,
     block_sparse_attention,
@@ -60,7 +61,6 @@ from xfam.attention._sparse import (
     window_layout,
 )
 from xfam.attention._sparse.engine import dense_rows
-from xfam.attention.etc_cpc import SentenceCPC
 from xfam.core.bias import ScoreBias, ScoreModifier
 from xfam.core.logs import log_once
 from xfam.core.mask import AttnMask
@@ -120,7 +120,7 @@ class ETC(AttentionMechanism):
         dropout: dropout on the attention probabilities.
         relative: ETC's relative position labels in the four pieces (the module docstring).
         max_distance: k, the clipping distance of the l2l and g2g labels (12 in ETC's released configuration).
-        cpc_weight: weight of ETC's CPC pre-training loss (0: off; ``xfam.attention.etc_cpc``).
+        cpc_weight: weight of ETC's CPC pre-training loss (0: off; ``xfam.attention._etc_cpc``).
         cpc_mask_prob: the probability that CPC masks a sentence (the chunk a global token summarises).
         heads, head_dim: injected sizes (the relative tables are per head; the model always passes them).
     """

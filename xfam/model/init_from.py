@@ -29,6 +29,9 @@ live in the trainer, and a fine-tuning run starts with empty memories.
 ``freeze`` stops parameters from training by name pattern; ``ParamSplit`` (set on the model by ``mark_split``)
 tells the optimiser (``xfam.training.lit.optim.param_groups``) which parameters were loaded, so loaded and new
 ones can take their own learning rates. ``finetune_problems`` checks the config before launch.
+
+One file over 400 lines: matching, resizing, freezing and the report walk one table of tensors and are read
+together.
 """
 
 from __future__ import annotations
