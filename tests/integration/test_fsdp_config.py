@@ -1,12 +1,12 @@
-"""trainer=fsdp: the config composes, validates and becomes Lightning's fsdp strategy; a machine without
-a GPU refuses it in one clear message before anything is written (Lightning refuses FSDP without a
-GPU, so composition and that refusal are what a CPU machine can test)."""
+"""trainer=fsdp and trainer=fsdp_cpu: the configs compose and validate, become xfam's FSDP2 strategy
+(``ShardedStrategy``, not Lightning's FSDP1 of the same name), and a machine without a GPU refuses
+``trainer=fsdp`` in one clear message before anything is written, pointing to ``trainer=fsdp_cpu``. (Training
+under them: tests/integration/test_fsdp.py.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import lightning
 import pytest
 import torch
 
@@ -15,9 +15,11 @@ from xfam.config import check_machine, validate
 from xfam.core.errors import ConfigError
 from xfam.training.lit.callbacks import MatmulPrecision
 from xfam.training.lit.checkpoint import AtomicCheckpointIO
+from xfam.training.lit.fsdp import ShardedStrategy
+from xfam.training.lit.step_checkpoint import StepCheckpoint
 from xfam.training.precheck import precheck
 
-REFUSAL = "trainer=fsdp needs GPUs; on CPU use trainer=ddp_cpu"
+REFUSAL = "Fix: on CPU use trainer=fsdp_cpu (FSDP over 2 CPU processes)"
 
 
 @pytest.fixture
@@ -37,7 +39,14 @@ def test_fsdp_composes_and_validates() -> None:
     trainer = cfg["trainer"]
     assert (trainer["strategy"], trainer["accelerator"], trainer["devices"]) == ("fsdp", "gpu", "auto")
     assert trainer["precision"] == "bf16-mixed"
-    assert "fsdp" in lightning.pytorch.strategies.StrategyRegistry  # a strategy name Lightning knows
+    cpu = compose_cfg(["trainer=fsdp_cpu"])
+    validate(cpu)
+    assert (cpu["trainer"]["strategy"], cpu["trainer"]["accelerator"], cpu["trainer"]["devices"]) == (
+        "fsdp_spawn",
+        "cpu",
+        2,
+    )
+    check_machine(cpu)  # runs here
 
 
 def test_fsdp_trainer_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -46,7 +55,13 @@ def test_fsdp_trainer_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     seen: dict = {}
     monkeypatch.setattr(xfam_trainer.L, "Trainer", lambda **kw: seen.update(kw))  # Lightning itself needs a GPU
     xfam_trainer.make_trainer(compose_cfg(["trainer=fsdp"]), tmp_path)
-    assert seen["strategy"] == "fsdp" and seen["accelerator"] == "gpu" and seen["precision"] == "bf16-mixed"
+    strategy = seen["strategy"]
+    assert isinstance(strategy, ShardedStrategy) and not strategy.spawn and strategy.param_dtype == torch.bfloat16
+    assert seen["accelerator"] == "gpu" and seen["precision"] == "bf16-mixed"
+    (periodic,) = [c for c in seen["callbacks"] if isinstance(c, StepCheckpoint)]
+    assert periodic.save_last == "link"  # last.ckpt links to the newest sharded folder
+    xfam_trainer.make_trainer(compose_cfg(["trainer=fsdp_cpu"]), tmp_path)
+    assert seen["strategy"].spawn and seen["strategy"].param_dtype is None
     assert "nonfinite" not in seen and "matmul_precision" not in seen  # xfam's own keys are not passed on
     assert [c.precision for c in seen["callbacks"] if isinstance(c, MatmulPrecision)] == ["highest"]
     assert any(isinstance(p, AtomicCheckpointIO) for p in seen["plugins"])
@@ -61,7 +76,7 @@ def test_the_machine_check(gpus) -> None:
     with pytest.raises(ConfigError) as err:
         check_machine(cfg)
     assert len(err.value.problems) == 1 and REFUSAL in str(err.value)
-    with pytest.raises(ConfigError, match="trainer=fsdp needs GPUs"):
+    with pytest.raises(ConfigError, match="trainer=fsdp_cpu"):
         precheck(["trainer=fsdp"])
     with pytest.raises(ConfigError, match="trainer.accelerator='gpu' .* needs a GPU.*Fix: on CPU use trainer=cpu"):
         precheck(["trainer=gpu"])
@@ -77,3 +92,11 @@ def test_fsdp_on_this_cpu_is_one_clear_error_and_writes_nothing(corpus: Path, tm
     assert res.stderr.count("xfam: error:") == 1 and REFUSAL in res.stderr
     assert "Traceback" not in res.stderr + res.stdout
     assert not (tmp_path / "runs").exists()  # not even the run directory
+
+
+def test_background_checkpoints_need_a_sharded_strategy() -> None:
+    validate(compose_cfg(["trainer=fsdp_cpu", "callbacks.async_save=true"]))
+    with pytest.raises(
+        ConfigError, match="callbacks.async_save=true writes sharded checkpoints .* Fix: trainer=fsdp_cpu"
+    ):
+        validate(compose_cfg(["callbacks.async_save=true"]))

@@ -17,7 +17,8 @@ from xfam.core.errors import ConfigError
 from xfam.model import checkpoint
 from xfam.model.checkpoint import DIGEST_KEY, DiskFullError, digest
 from xfam.training.lit.checkpoint import AtomicCheckpointIO
-from xfam.training.runner import check_room, newest_readable, write_record
+from xfam.training.resume import newest_readable
+from xfam.training.runner import check_room, write_record
 
 
 def xfam_ckpt(dim: int = 32, step: int = 0) -> dict:
@@ -101,7 +102,7 @@ def test_an_unreadable_file_says_what_it_is_not_and_never_advises_unsafe_loading
 
 def test_a_folder_or_a_dangling_link_is_named_for_what_it_is(tmp_path: Path) -> None:
     (tmp_path / "dir.ckpt").mkdir()
-    with pytest.raises(ConfigError, match="is a folder, not a file"):
+    with pytest.raises(ConfigError, match="is a folder but not a sharded checkpoint"):
         checkpoint.read(tmp_path / "dir.ckpt")
     (tmp_path / "link.ckpt").symlink_to(tmp_path / "gone.ckpt")
     with pytest.raises(ConfigError, match="is a link to .*gone.ckpt.*, which does not exist"):

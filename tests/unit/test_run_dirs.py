@@ -12,8 +12,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from xfam.core.errors import ConfigError
 from xfam.training.hydra_callbacks import summarize, write_tables
+from xfam.training.resume import holds_run, resolve_checkpoint
 from xfam.training.run_names import dirname
-from xfam.training.runner import holds_run, resolve_checkpoint, undo_on_failure
+from xfam.training.runner import undo_on_failure
 
 
 def test_dirname_is_deterministic_readable_and_usable_unquoted_in_an_override() -> None:

@@ -32,11 +32,14 @@ CKPT_EXAMPLE = "runs/<name>/<run>/checkpoints/last.ckpt"
 
 
 def checkpoint_file(option: Option, value: str) -> str | None:
-    """A checkpoint must be an existing file (checked before anything is loaded)."""
-    if os.path.isfile(value):
+    """A checkpoint must be an existing file or a sharded checkpoint's folder (checked before anything is loaded)."""
+    if os.path.isfile(value) or os.path.isfile(os.path.join(value, "meta.pt")):
         return None
-    what = "is a folder" if os.path.isdir(value) else "does not exist"
-    return f"{option.name}={value!r} {what}. Fix: pass the path of a .ckpt file, e.g. {option.name}={CKPT_EXAMPLE}."
+    what = "is a folder but not a sharded checkpoint (no meta.pt)" if os.path.isdir(value) else "does not exist"
+    return (
+        f"{option.name}={value!r} {what}. Fix: pass the path of a .ckpt file or of a sharded checkpoint's folder, "
+        f"e.g. {option.name}={CKPT_EXAMPLE}."
+    )
 
 
 def device_name(option: Option, value: str) -> str | None:
@@ -269,6 +272,18 @@ ROLLOUT = Command(
 )
 
 
+CONVERT = Command(
+    "convert",
+    "a sharded checkpoint (trainer=fsdp, a folder) to one file, or one file to a sharded folder",
+    (
+        ckpt("checkpoint: a sharded checkpoint's folder, or a .ckpt file"),
+        Option("out", PATH, help="where to write the other format", required=True, example="runs/x/last-full.ckpt"),
+        Option("overwrite", BOOL, False, "replace an existing out"),
+    ),
+    run="xfam.cli.convert:run",
+)
+
+
 def knn_options(args: Args) -> list[str]:
     """kNN-LM's own check of k, lambda and temperature, before the checkpoint and the datastore are read."""
     from xfam.knnlm.interpolate import check_knn_options
@@ -337,6 +352,7 @@ DESCRIPTION = """\
     xfam knnlm build ckpt=PATH             a kNN-LM datastore of a split (keys: the final FFN's input)
     xfam knnlm eval ckpt=PATH store=DIR    the checkpoint with and without kNN-LM interpolation
     xfam rollout ckpt=PATH target_return=500,250   a Decision Transformer acting in its environment
+    xfam convert ckpt=PATH out=PATH        a sharded checkpoint (a folder) <-> one file
 
 Options are key=value words, as train.py's overrides (--key=value and --key value work too; a bool
 option takes true/false, 1/0 or yes/no, and --key alone means true; key=null sets an option whose
@@ -346,8 +362,8 @@ default is null to None). Early-exit models take exit.KEY=VALUE words in eval, g
 #: The ``xfam`` command: every subcommand.
 XFAM = Group(
     "xfam",
-    "list components, evaluate, sample from and roll out checkpoints",
-    (LIST, EVAL, GENERATE, CALIBRATE, KNNLM, ROLLOUT),
+    "list components, evaluate, sample from, roll out and convert checkpoints",
+    (LIST, EVAL, GENERATE, CALIBRATE, KNNLM, ROLLOUT, CONVERT),
     description=DESCRIPTION,
 )
 

@@ -161,6 +161,9 @@ class CallbacksSpec:
             auto-requeue stays off).
         stop_signal: the same without the requeue (SIGTERM: preemption, ``scancel``, the time limit
             itself); null: Lightning's default handling of it.
+        async_save: sharded checkpoints (``trainer=fsdp`` / ``fsdp_cpu``) are written by a background thread
+            while training continues (``torch.distributed.checkpoint.async_save``); each is renamed into place
+            when complete, before the next is started, at the end of training and before a preemption exit.
     """
 
     every_n_steps: Annotated[int, Positive] = 250
@@ -172,3 +175,4 @@ class CallbacksSpec:
     loss_curve: bool = True
     requeue_signal: Signal | None = "USR1"
     stop_signal: Signal | None = "TERM"
+    async_save: bool = False

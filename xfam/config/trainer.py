@@ -101,11 +101,11 @@ def check_machine(cfg: Mapping[str, Any]) -> None:
     cuda = torch.cuda.is_available()
     gpu = cuda or torch.backends.mps.is_available()
     where = "this machine has none (torch.cuda.is_available() is False)"
-    if strategy.startswith("fsdp") and not cuda:
+    if strategy.startswith("fsdp") and accelerator != "cpu" and not cuda:
         raise ConfigError(
             f"trainer.strategy={strategy!r} (trainer=fsdp) shards the model over CUDA GPUs, and {where}. "
-            "Fix: trainer=fsdp needs GPUs; on CPU use trainer=ddp_cpu (data parallel over 2 processes) or "
-            "trainer=cpu, or run it on a GPU machine (e.g. python train.py -m hydra/launcher=slurm trainer=fsdp)."
+            "Fix: on CPU use trainer=fsdp_cpu (FSDP over 2 CPU processes), trainer=ddp_cpu or trainer=cpu, or run "
+            "it on a GPU machine (e.g. python train.py -m hydra/launcher=slurm trainer=fsdp)."
         )
     if (accelerator == "cuda" and not cuda) or (accelerator == "gpu" and not gpu):
         raise ConfigError(

@@ -40,8 +40,11 @@ PRECISIONS: tuple[Any, ...] = (
     16,
 )
 #: ``strategy``: "auto" and the common names of lightning.pytorch.strategies.StrategyRegistry (the registry
-#: itself is asked about any other name).
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
+#: itself is asked about any other name). ``fsdp`` and ``fsdp_spawn`` are xfam's FSDP2 strategy
+#: (``xfam.training.lit.fsdp``), not Lightning's FSDP1 of the same name.
+STRATEGIES = (
+    "auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "fsdp_spawn", "deepspeed", "single_device"
+)  # fmt: skip
 #: ``accelerator``: "auto", "gpu" and lightning.pytorch.accelerators.AcceleratorRegistry's built-in names.
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 #: Keyword arguments of ``datetime.timedelta`` (a ``max_time`` / ``val_check_interval`` given as a mapping).

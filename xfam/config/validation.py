@@ -28,6 +28,7 @@ from xfam.data.base import DATA
 from xfam.model import compat
 from xfam.model.init_from import FinetuneSpec, finetune_problems
 from xfam.model.inputs import TOKENS, input_problems
+from xfam.model.sharded import is_sharded
 from xfam.model.spec import ModelSpec
 
 SECTIONS = (
@@ -197,9 +198,18 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
             f"callbacks.requeue_signal and callbacks.stop_signal are both {sig}. "
             f"Fix: give them different signals, or set one to null."
         )
+    if cfg["callbacks"].get("async_save") and str(cfg["trainer"].get("strategy")) not in ("fsdp", "fsdp_spawn"):
+        problems.append(
+            f"callbacks.async_save=true writes sharded checkpoints in the background, and "
+            f"trainer.strategy={cfg['trainer'].get('strategy')!r} writes single files. Fix: trainer=fsdp_cpu (or "
+            f"trainer=fsdp on GPUs), or callbacks.async_save=false."
+        )
     problems += check_trainer(cfg["trainer"])
-    if (ckpt := cfg.get("ckpt_path")) not in (None, "auto") and not os.path.isfile(ckpt):
-        problems.append(f"ckpt_path={ckpt!r}: no such file. Fix: give an existing checkpoint, or ckpt_path=auto.")
+    if (ckpt := cfg.get("ckpt_path")) not in (None, "auto") and not is_sharded(ckpt) and not os.path.isfile(ckpt):
+        problems.append(
+            f"ckpt_path={ckpt!r}: no such file (nor a sharded checkpoint's folder). Fix: give an existing checkpoint, "
+            f"or ckpt_path=auto."
+        )
     if cfg["data"].get("name") not in DATA:
         problems.append(unknown_choice("data", cfg["data"].get("name"), DATA.names(), "pass data=<one of them>."))
         data_cls, data_problems = None, []

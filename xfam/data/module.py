@@ -50,7 +50,8 @@ class XfamDataModule(L.LightningDataModule):
         # Evaluation batches never change with the training epoch (masked LM: the same masks every validation).
         self.eval_collate = copy.copy(self.collate) if hasattr(self.collate, "set_epoch") else self.collate
         self.train_sampler: ResumableBatchSampler | None = None
-        self._resume: tuple[int, int | None] = (0, None)  # (batches, epoch) a checkpoint says were consumed
+        # (batches, epoch, rows per batch over all ranks) a checkpoint says were consumed
+        self._resume: tuple[int, int | None, int | None] = (0, None, None)
 
     def prepare_data(self) -> None:
         self.source.prepare()
@@ -58,12 +59,13 @@ class XfamDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self.source.prepare()  # cached: cheap after prepare_data, and needed in spawned ranks
 
-    def resume_at(self, batches: int, epoch: int | None = None) -> None:
+    def resume_at(self, batches: int, epoch: int | None = None, global_batch: int | None = None) -> None:
         """Skip the ``batches`` batches of epoch ``epoch`` a checkpoint consumed, if training resumes in that
-        epoch (``ResumableBatchSampler.skip``)."""
-        self._resume = (batches, epoch)
+        epoch; ``global_batch``: their rows over all ranks, when it may differ from this run's (a resume on
+        another number of processes; ``ResumableBatchSampler.skip``)."""
+        self._resume = (batches, epoch, global_batch)
         if self.train_sampler is not None:
-            self.train_sampler.skip(batches, epoch)
+            self.train_sampler.skip(batches, epoch, global_batch)
 
     def train_dataloader(self) -> DataLoader:
         rank, world = _dist()
@@ -83,7 +85,7 @@ class XfamDataModule(L.LightningDataModule):
                 f"{self.source.batch_size} x {world} ranks. Fix: a smaller data.batch_size or more data."
             )
         self.train_sampler.skip(*self._resume)
-        self._resume = (0, None)
+        self._resume = (0, None, None)
         collate = _EpochCollate(self.collate, self.train_sampler) if hasattr(self.collate, "set_epoch") else None
         return self._loader(rows, self.train_sampler, collate)
 

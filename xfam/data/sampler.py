@@ -41,7 +41,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         self.rank, self.world_size = rank, world_size
         self.shuffle, self.streams, self.drop_last = shuffle, streams, drop_last
         self.epoch = 0
-        self._skip: tuple[int | None, int] = (None, 0)  # (epoch, batches): see ``skip``
+        self._skip: tuple[int | None, int, int | None] = (None, 0, None)  # (epoch, batches, their rows): ``skip``
         global_batch = batch_size * world_size
         if streams:
             self.stream_len = num_rows // global_batch
@@ -63,29 +63,44 @@ class ResumableBatchSampler(Sampler[list[int]]):
         """Called by Lightning at the start of every epoch (through ``sampler``), a resumed one included."""
         self.epoch = epoch
 
-    def skip(self, batches: int, epoch: int | None = None) -> None:
+    def skip(self, batches: int, epoch: int | None = None, global_batch: int | None = None) -> None:
         """Skip the first ``batches`` batches of the next iteration if it is epoch ``epoch`` (a resumed epoch).
 
         A checkpoint written at an epoch's last batch has consumed the whole epoch, and Lightning resumes it
         in the next one, whose batches must all be seen: the skip applies only to the epoch whose batches were
         consumed. (``epoch=None``, a checkpoint that did not record it: a whole epoch consumed is taken as
-        finished.)"""
-        self._skip = (epoch, batches)
+        finished.) ``global_batch``: the rows per batch over all ranks when those batches were drawn (None:
+        this sampler's); a checkpoint resumed on another number of processes skips the rows it consumed, and
+        the rest of the epoch is cut into this sampler's batches. The stream layout cannot be re-cut: its
+        rows per batch must be this sampler's (the runner refuses another global batch before launch)."""
+        global_batch = global_batch or self.batch_size * self.world_size
+        if self.streams and global_batch != self.batch_size * self.world_size:
+            raise ValueError(f"streams are laid out for {global_batch} rows per batch, not {self.batch_size}")
+        self._skip = (epoch, batches, global_batch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        (epoch, batches), self._skip = self._skip, (None, 0)
-        same_epoch = self.epoch == epoch if epoch is not None else batches < self._len
-        start = batches if same_epoch else 0
-        for t in range(start, self._len):
-            yield self._batch(t)
+        (epoch, batches, rows_per), self._skip = self._skip, (None, 0, None)
+        global_batch = self.batch_size * self.world_size
+        consumed = batches * (rows_per or global_batch)  # rows of the resumed epoch already trained
+        same_epoch = self.epoch == epoch if epoch is not None else consumed < self._len * global_batch
+        start = consumed if same_epoch else 0
+        if self.streams:  # (the same rows per batch: ``skip``)
+            for t in range(start // global_batch, self._len):
+                yield self._stream_batch(t)
+            return
+        left = self.num_rows - start
+        for t in range(left // global_batch if self.drop_last else -(-left // global_batch)):
+            yield self._batch(t, start)
 
-    def _batch(self, t: int) -> list[int]:
+    def _stream_batch(self, t: int) -> list[int]:
+        """Batch ``t``: row ``t`` of each of this rank's streams."""
         b, r = self.batch_size, self.rank
-        if self.streams:
-            streams = range(r * b, (r + 1) * b)  # this rank's streams
-            return [s * self.stream_len + t for s in streams]
-        order = self._order()
-        global_rows = order[t * b * self.world_size : (t + 1) * b * self.world_size]
+        return [s * self.stream_len + t for s in range(r * b, (r + 1) * b)]
+
+    def _batch(self, t: int, start: int = 0) -> list[int]:
+        """This rank's rows of batch ``t`` after the first ``start`` rows of the epoch's order."""
+        b, r = self.batch_size, self.rank
+        global_rows = self._order()[start + t * b * self.world_size : start + (t + 1) * b * self.world_size]
         return global_rows[r * b : (r + 1) * b].tolist()
 
     def _order(self) -> torch.Tensor:

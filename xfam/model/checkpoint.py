@@ -5,10 +5,11 @@ version, xfam's version, the git commit, package versions and the data fingerpri
 can be traced to exactly what produced it and a model can be rebuilt from the file alone; and,
 under ``checkpoint["xfam_digest"]``, a digest of everything else, checked on every read, so a file
 changed after it was written (a bad disk, a bad copy) is refused instead of silently resumed.
-The one writer of checkpoints is Lightning's checkpoint IO (``xfam.training.lit.checkpoint``), which
-stores the digest; everything here runs without Lightning. Reading the file and its digest lives in
-``xfam.model.checkpoint_file`` (below the model builder, which reads checkpoints too) and is re-exported
-here: import any of it from this module.
+Checkpoint files are written by ``write`` (atomic, with the digest), in training through Lightning's
+checkpoint IO (``xfam.training.lit.checkpoint``); sharded checkpoints (folders, ``trainer=fsdp``) are
+described in ``xfam.model.sharded``. Everything here runs without Lightning. Reading, writing and the digest
+live in ``xfam.model.checkpoint_file`` (below the model builder, which reads checkpoints too) and are
+re-exported here: import any of it from this module.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ from xfam.model.checkpoint_file import (
     digest,
     load_model_with,
     read,
+    seal,
     short_reason,
     verify,
+    weights,
+    write,
 )
 from xfam.model.spec import ModelSpec
 
@@ -54,8 +58,11 @@ __all__ = [
     "metadata",
     "package_versions",
     "read",
+    "seal",
     "short_reason",
     "verify",
+    "weights",
+    "write",
 ]
 
 #: Sections that define the architecture: a checkpoint only resumes into the same ones.

@@ -5,7 +5,8 @@ provenance metadata and ``load_model``) and re-exports all of this.
 
 A checkpoint holds, under ``checkpoint["xfam_digest"]``, a digest of everything else, checked on every
 read, so a file changed after it was written (a bad disk, a bad copy) is refused instead of silently
-resumed.
+resumed. A sharded checkpoint (a folder, ``xfam.model.sharded``) is read the same way: its ``meta.pt`` holds
+that digest, and the digests of its shard files, checked too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log
+from xfam.model import sharded
 
 #: Bump when the config layout changes in a way old checkpoints need translating for.
 CONFIG_VERSION = 1
@@ -58,6 +60,42 @@ def digest(checkpoint: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
+def write(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """Write ``checkpoint`` with its digest to ``path`` atomically: into ``<path>.tmp``, flushed to disk, then
+    renamed over ``path``, so a crash mid-write leaves the previous file intact instead of a truncated one.
+    (Raises ``OSError`` as the disk does; callers turn a full disk into ``disk_full``.)"""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            torch.save({**checkpoint, DIGEST_KEY: digest(checkpoint)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left after a failed write
+
+
+def seal(tmp: Path, path: Path, meta: dict[str, Any], digests: dict[str, list] | None = None) -> None:
+    """Finish a sharded checkpoint once every shard is in ``tmp``: write ``meta.pt`` (``meta`` with the digests of
+    the shards and its own), then rename ``tmp`` to ``path``, so ``path`` is whole or absent. A folder already at
+    ``path`` (the same step saved again) is moved aside first and removed after. ``digests``: those the ranks
+    computed of their own shards (``sharded.rank_digests``); the other files are hashed here."""
+    meta = {**meta, sharded.SHARDS_KEY: sharded.shard_digests(tmp, digests)}
+    meta[DIGEST_KEY] = digest(meta)
+    with open(tmp / sharded.META_FILE, "wb") as f:
+        torch.save(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
+    old = path.with_name(path.name + ".replaced")
+    if path.exists() or path.is_symlink():
+        sharded.remove(old)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    sharded.remove(old)
+
+
 _unverified: set[str] = set()  # files written before digests, noted once each
 
 
@@ -81,17 +119,20 @@ def verify(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any]:
 def read(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file (CPU) with a clear error when it is not an xfam checkpoint."""
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"checkpoint {str(path)!r} is a folder, not a file. Fix: pass the path of a .ckpt file.")
+    if path.is_dir() and not sharded.is_sharded(path):
+        raise ConfigError(
+            f"checkpoint {str(path)!r} is a folder but not a sharded checkpoint (it has no {sharded.META_FILE}). "
+            f"Fix: pass the path of a .ckpt file or of a sharded checkpoint's folder."
+        )
     if path.is_symlink() and not path.exists():
         raise ConfigError(
             f"checkpoint {str(path)!r} is a link to {os.readlink(path)!r}, which does not exist. "
             f"Fix: pass the path of a .ckpt file."
         )
-    if not path.is_file():
+    if not path.is_file() and not path.is_dir():
         raise ConfigError(f"checkpoint {str(path)!r} does not exist. Fix: pass the path of a .ckpt file.")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = sharded.load_meta(path) if path.is_dir() else torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated, corrupted or hostile file: any unpickling error
         raise ConfigError(
             f"checkpoint {str(path)!r} cannot be read: it is not a checkpoint xfam can read safely (truncated, "
@@ -107,7 +148,24 @@ def read(path: str | Path) -> dict[str, Any]:
             f"{str(path)!r} was written by a newer xfam (config version {ckpt['xfam']['config_version']} > "
             f"{CONFIG_VERSION}). Fix: upgrade xfam."
         )
-    return verify(ckpt, path)
+    ckpt = verify(ckpt, path)
+    if path.is_dir():
+        problem = sharded.shard_problem(path, ckpt.pop(sharded.SHARDS_KEY, {}))
+        if problem is not None:
+            raise ConfigError(
+                f"sharded checkpoint {str(path)!r} is corrupted: {problem} (a disk or copy error, or a copy of "
+                f"part of the folder). Fix: use another checkpoint (e.g. the previous step-*.ckpt), or copy the "
+                f"whole folder again from its source."
+            )
+    return ckpt
+
+
+def weights(path: str | Path, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The LightningModule's weights of a checkpoint ``read`` returned: its ``state_dict``, assembled from the
+    shards of a sharded checkpoint (``xfam.model.sharded``)."""
+    if "state_dict" in ckpt:
+        return ckpt["state_dict"]
+    return sharded.full_state(path, {"state_dict"})["state_dict"]
 
 
 def short_reason(err: Exception) -> str:
@@ -129,6 +187,6 @@ def load_model_with(
     ckpt = read(path)
     meta = ckpt["xfam"]
     model = build(meta["config"], meta["data_info"])
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
     model.load_state_dict(state)
     return model.to(device).eval(), meta

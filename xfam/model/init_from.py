@@ -42,6 +42,7 @@ import fnmatch
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
 import torch
@@ -49,7 +50,8 @@ from torch import Tensor, nn
 
 from xfam.core.errors import ConfigError
 from xfam.core.registry import Positive
-from xfam.model.checkpoint_file import read, short_reason
+from xfam.model.checkpoint_file import read, short_reason, weights
+from xfam.model.sharded import is_sharded, load_meta
 
 #: Prefix of the output head in ``XfamModel``: a head trained for another task is never loaded.
 HEAD = "head."
@@ -167,7 +169,7 @@ def init_from(
     to note a tokenizer other than the checkpoint's (its token embeddings then stand for other tokens)."""
     ckpt = read(path)
     meta = ckpt["xfam"]
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
     targets, aliases = _targets(model)
     _check_patterns(spec.interpolate, "finetune.interpolate", list(targets))
     old_task, task = meta.get("data_info", {}).get("task"), getattr(model, "task", None)
@@ -389,8 +391,11 @@ def finetune_problems(cfg: Mapping[str, Any]) -> list[str]:
         return problems
     if not isinstance(path, str):
         return problems  # (RunSpec's type check says so)
-    if not os.path.isfile(path):
-        problems.append(f"init_from={path!r}: no such file. Fix: give the path of an xfam checkpoint (a .ckpt file).")
+    if not os.path.isfile(path) and not is_sharded(path):
+        problems.append(
+            f"init_from={path!r}: no such file (nor a sharded checkpoint's folder). Fix: give the path of an xfam "
+            f"checkpoint (a .ckpt file, or a folder written by trainer=fsdp)."
+        )
     elif (why := _not_a_checkpoint(path)) is not None:
         problems.append(f"init_from={path!r}: {why}. Fix: give the path of a checkpoint written by xfam.")
     if (ckpt := cfg.get("ckpt_path")) not in (None, "auto"):
@@ -406,9 +411,11 @@ def finetune_problems(cfg: Mapping[str, Any]) -> list[str]:
 def _not_a_checkpoint(path: str) -> str | None:
     """Why ``path`` is not an xfam checkpoint (None: it looks like one), from its memory-mapped structure."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = load_meta(Path(path)) if is_sharded(path) else torch.load(path, "cpu", weights_only=True, mmap=True)
     except Exception as err:  # not a torch zip file, truncated, hostile
         return f"cannot be read as a checkpoint ({short_reason(err)})"
+    if is_sharded(path):
+        ckpt = {**ckpt, "state_dict": None}  # (the weights are the shards)
     if not isinstance(ckpt, dict) or "xfam" not in ckpt or "state_dict" not in ckpt:
         return "not an xfam checkpoint (no 'xfam' metadata or no weights)"
     return None

@@ -26,86 +26,25 @@ from typing import Any
 
 import lightning as L
 import yaml
+from filelock import FileLock
 from lightning.pytorch.utilities import rank_zero_only
 
 from xfam.config import RunConfig, validate
-from xfam.core.errors import ConfigError
 from xfam.core.logs import log
+from xfam.data.tokenize import cache_root
 from xfam.model import checkpoint
 from xfam.model.build import build_data, check_checkpoint_data, data_info
 from xfam.model.init_from import ParamSplit, freeze, grouped_names, init_from, mark_split
 from xfam.training.allocator import keep_freed_memory
+from xfam.training.resume import FinetuneRecord, check_resume, holds_run, resolve_checkpoint
 
 
-def holds_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run that a fresh start must not overwrite: a checkpoint (debug
-    ``nonfinite-*`` files and unfinished ``*.tmp`` writes aside) or a trained step (a logged row of
-    ``logs/*/metrics.csv``, or the final ``metrics.json``). A config, manifest or log alone is what a
-    launch that failed before training left behind: it does not block the corrected command."""
-    if (run_dir / "metrics.json").exists():
-        return True
-    if any(not p.name.startswith("nonfinite-") for p in (run_dir / "checkpoints").glob("*.ckpt")):
-        return True
-    for csv in run_dir.glob("logs/*/metrics.csv"):
-        with contextlib.suppress(OSError), open(csv) as f:
-            if f.readline() and f.readline().strip():  # a row below the header
-                return True
-    return False
-
-
-def resolve_checkpoint(ckpt_path: str | None, run_dir: Path, cfg: dict[str, Any] | None = None) -> str | None:
-    """The checkpoint to resume from, or None for a fresh run (refused if ``run_dir`` has a run).
-    ``cfg``: with ``ckpt_path=auto``, checkpoints of another architecture are passed over."""
-    last = run_dir / "checkpoints" / "last.ckpt"
-    if ckpt_path is None:
-        if holds_run(run_dir):
-            raise ConfigError(
-                f"run directory {run_dir} already holds a run"
-                + (f" (last checkpoint: {last})" if last.exists() else "")
-                + ". Nothing was changed. Fix: add ckpt_path=auto to continue it, or start a separate run "
-                "with name=<new name> (or any other override, which gives another directory)."
-            )
-        return None
-    if ckpt_path == "auto":
-        return newest_readable(run_dir, cfg)
-    return ckpt_path
-
-
-def newest_readable(run_dir: Path, cfg: dict[str, Any] | None = None) -> str | None:
-    """``ckpt_path=auto``: ``last.ckpt``, or when it cannot be used the newest usable ``step-N.ckpt``, with a
-    warning for each file passed over: one that cannot be read (a crash, a truncated or corrupted copy, a
-    folder or a dangling link in its place) or, given ``cfg``, one of another architecture (e.g. a
-    ``last.ckpt`` copied from another run). None (a fresh start) when the run has no checkpoint yet. Debug
-    checkpoints (``nonfinite-*``) and unfinished ``*.tmp`` writes are never used."""
-    ckpts = run_dir / "checkpoints"
-    steps = sorted(ckpts.glob("step-*.ckpt"), key=lambda p: p.name, reverse=True)  # zero-padded: newest first
-    candidates = [p for p in [ckpts / "last.ckpt", *steps] if p.exists() or p.is_symlink()]
-    if not candidates:
-        log.info("ckpt_path=auto: no checkpoint in %s yet, starting a fresh run", run_dir)
-        return None
-    passed, other_architecture = [], None
-    for path in candidates:
-        try:
-            saved = checkpoint.read(path)
-        except ConfigError as err:
-            log.warning("ckpt_path=auto: skipping %s: %s", path.name, err)
-            passed.append(path.name)
-            continue
-        diff = checkpoint.architecture_diff(saved["xfam"]["config"], cfg) if cfg is not None else []
-        if diff:
-            log.warning("ckpt_path=auto: skipping %s: another architecture (%s)", path.name, "; ".join(diff))
-            passed.append(path.name)
-            other_architecture = other_architecture or (path, diff)
-            continue
-        if passed:
-            log.warning("ckpt_path=auto: resuming from %s, the newest usable checkpoint", path)
-        return str(path)
-    if other_architecture:  # none of this architecture: the config, not the files, is what to fix
-        raise architecture_error(*other_architecture)
-    raise ConfigError(
-        f"ckpt_path=auto: no checkpoint of {ckpts} can be read ({', '.join(passed)}). "
-        f"Nothing was changed. Fix: ckpt_path=<a good .ckpt file>, or start a separate run with name=<new name>."
-    )
+def prepared_once() -> FileLock:
+    """A lock around data preparation: processes that torchrun or srun started all run this function at once, on
+    a cache that may be cold; the first builds the cache, the others then find it built."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(root / "prepare.lock"))
 
 
 def check_room(run_dir: Path, module: L.LightningModule) -> None:
@@ -146,41 +85,6 @@ def remove_new(run_dir: Path, before: set[Path]) -> None:
     for folder in (run_dir, run_dir.parent):
         with contextlib.suppress(OSError):  # not empty (or not there): kept
             folder.rmdir()
-
-
-def check_resume(ckpt: str, cfg: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
-    """Refuse a checkpoint whose architecture differs from the config's; returns its step, its ``xfam``
-    metadata and the ``FinetuneRecord`` of a fine-tuning run (None otherwise) (read once: a checkpoint is
-    loaded and its digest checked here, then by Lightning only)."""
-    saved = checkpoint.read(ckpt)
-    diff = checkpoint.architecture_diff(saved["xfam"]["config"], cfg)
-    if diff:
-        raise architecture_error(ckpt, diff)
-    record = saved.get("callbacks", {}).get(FinetuneRecord.__qualname__)
-    return int(saved.get("global_step", 0)), saved["xfam"], record
-
-
-def architecture_error(ckpt: str | Path, diff: list[str]) -> ConfigError:
-    return ConfigError(
-        f"checkpoint {ckpt} has a different architecture than this config:\n  "
-        + "\n  ".join(diff)
-        + "\nFix: resume with the checkpoint's settings, or start a fresh run (ckpt_path=null, another name)."
-    )
-
-
-class FinetuneRecord(L.Callback):
-    """Keeps in every checkpoint of a fine-tuning run (as Lightning's state of this callback) the checkpoint it
-    started from and the parameters loaded from it, so a resumed run splits its optimiser's groups the same way
-    without reading that file again."""
-
-    def __init__(self, record: dict[str, Any]):
-        self.record = record
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(self.record)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.record = dict(state_dict)
 
 
 def prepare_finetune(
@@ -270,10 +174,11 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
     cfg = rc.raw
     log.info(keep_freed_memory())
     ckpt = resolve_checkpoint(rc.run.ckpt_path, run_dir, cfg)
-    resumed_at, meta, record = check_resume(ckpt, cfg) if ckpt is not None else (0, None, None)
+    resumed_at, meta, record = check_resume(ckpt, cfg, rc.streams) if ckpt is not None else (0, None, None)
     L.seed_everything(rc.run.seed, workers=True, verbose=False)
     source = build_data(cfg)
-    source.prepare()
+    with prepared_once():
+        source.prepare()
     info = data_info(source, rc.task)
     if ckpt is not None:
         check_checkpoint_data(ckpt, cfg, info, meta)  # the checkpoint's model must fit this data

@@ -4,14 +4,12 @@ Lightning's own loads. Metadata, digests, reading and loading without Lightning:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from xfam.model.checkpoint import DIGEST_KEY, digest, disk_full, is_disk_full, verify
+from xfam.model.checkpoint import disk_full, is_disk_full, verify, write
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -20,21 +18,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     stores their digest, and Lightning's loads (``trainer.fit(ckpt_path=...)``) verify it."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                torch.save({**checkpoint, DIGEST_KEY: digest(checkpoint)}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write(checkpoint, path)
         except OSError as err:
             if is_disk_full(err):
                 raise disk_full(path) from err
             raise
-        finally:
-            tmp.unlink(missing_ok=True)  # only left after a failed write
 
     def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return verify(super().load_checkpoint(path, *args, **kwargs), path)

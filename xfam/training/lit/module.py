@@ -213,6 +213,12 @@ class XfamLitModule(L.LightningModule):
         return {f"{prefix}/{k}": torch.tensor(v, device=self.device) for k, v in scores.items()}
 
     # -- optimisation ----------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Shard the model under ``trainer=fsdp`` (``xfam.training.lit.fsdp``); nothing under other strategies."""
+        shard = getattr(self.trainer.strategy, "shard", None)
+        if shard is not None:
+            shard(self)
+
     def configure_optimizers(self) -> dict:
         spec = self.run_config.optim if self.run_config is not None else OptimSpec(**self.config["optim"])
         full_precision = str(self.trainer.precision) in ("32-true", "64-true", "32", "64")
@@ -231,11 +237,14 @@ class XfamLitModule(L.LightningModule):
             ranks = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(ranks, mine)
         loop = self.trainer.fit_loop
+        sampler = getattr(getattr(self.trainer, "datamodule", None), "train_sampler", None)
         checkpoint["xfam_resume"] = {
             "batches_in_epoch": loop.epoch_loop.batch_progress.current.processed,
             # The epoch those batches belong to: the last one started. (``current_epoch`` is already the next
             # one when a checkpoint is written after an epoch finished, e.g. at the end of training.)
             "epoch": loop.epoch_progress.current.started - 1,
+            # Rows per step over all ranks: a resume on another number of processes maps the position by rows.
+            "global_batch": sampler.batch_size * sampler.world_size if sampler is not None else None,
             "ranks": ranks,
         }
 
@@ -243,12 +252,11 @@ class XfamLitModule(L.LightningModule):
         resume = checkpoint.get("xfam_resume")
         if resume is None or self._trainer is None:
             return
-        ranks = resume["ranks"]
-        mine = ranks[self.global_rank] if self.global_rank < len(ranks) else ranks[0]
-        self._resume = {**mine, "epoch": resume.get("epoch")}
+        world = self.trainer.world_size
+        self._resume = {**rank_state(resume["ranks"], self.global_rank, world), "epoch": resume.get("epoch")}
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "resume_at"):
-            datamodule.resume_at(resume["batches_in_epoch"], resume.get("epoch"))
+            datamodule.resume_at(resume["batches_in_epoch"], resume.get("epoch"), resume.get("global_batch"))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._resume is not None:
@@ -259,6 +267,46 @@ class XfamLitModule(L.LightningModule):
             same_epoch = self._resume["epoch"] in (None, self.current_epoch)
             self._memory = None if memory is None or not same_epoch else _to_device(memory, self.device)
             self._resume = None
+
+
+def rank_state(ranks: list[dict[str, Any]], rank: int, world: int) -> dict[str, Any]:
+    """This rank's resume state (RNG states, memory) from the ``ranks`` a checkpoint saved, when ``world``
+    processes resume it. The same number of processes: its own. Another number (a sharded checkpoint resumed on
+    more or fewer processes): the RNG states, which are the same on every rank of a data-parallel run (every
+    rank seeds alike and draws alike), and the memory streams regrouped: the saved ranks' streams laid end to
+    end are cut into ``world`` equal groups, which is where ``ResumableBatchSampler`` puts them when the global
+    batch is unchanged (``xfam.training.runner.check_world_change`` refuses a changed one before launch)."""
+    if len(ranks) == world:
+        return ranks[rank]
+    if any(not _same(r["rng"], ranks[0]["rng"]) for r in ranks):
+        log_once(f"resume on {world} processes from {len(ranks)}: the ranks' random states differ; rank 0's is used")
+    memory = ranks[0]["memory"]
+    if memory is not None:
+        memory = _regroup([r["memory"] for r in ranks], rank, world)
+    return {"rng": ranks[0]["rng"], "memory": memory}
+
+
+def _regroup(states: list[Any], rank: int, world: int) -> Any:
+    """Concatenate the per-rank ``states`` (one structure, tensors with the rank's streams first) along the streams
+    and take group ``rank`` of ``world``."""
+    first = states[0]
+    if isinstance(first, Tensor):
+        return torch.cat(states).chunk(world)[rank].clone()
+    if isinstance(first, (list, tuple)):
+        return type(first)(_regroup([s[i] for s in states], rank, world) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _regroup([s[k] for s in states], rank, world) for k in first}
+    return first
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor):
+        return isinstance(b, Tensor) and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def _to_cpu(x: Any) -> Any:

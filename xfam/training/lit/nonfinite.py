@@ -45,6 +45,23 @@ def _finite(x: Any) -> bool:
     return True
 
 
+def all_finite(grads: list[torch.Tensor]) -> bool:
+    """Whether every gradient is finite, on every rank. Under FSDP (``DTensor`` gradients) each rank holds a shard,
+    some of them empty, so each checks its own and the ranks agree by an all-reduce: they must all skip or all
+    step. (Under DDP every rank holds the same reduced gradients.)"""
+    from torch.distributed.tensor import DTensor
+
+    sharded = any(isinstance(g, DTensor) for g in grads)
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    local = [g for g in local if g.numel()]
+    finite = torch.ones((), device=grads[0].device)
+    if local:  # (the max |g| of each tensor: NaN stays NaN)
+        finite = torch.isfinite(torch.stack(torch._foreach_norm(local, float("inf")))).all().float()
+    if sharded:
+        torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+    return bool(finite)
+
+
 def first_nonfinite_module(model: nn.Module, run: Any) -> str | None:
     """The qualified name of the first module (in execution order) whose output is not finite when
     ``run()`` executes ``model``'s forward pass; None if every output is finite."""
@@ -92,8 +109,7 @@ class NonFiniteGuard(L.Callback):
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         if not self.active or not grads:
             return
-        largest = torch.stack(torch._foreach_norm(grads, float("inf")))  # max |g| per tensor; NaN stays NaN
-        if bool(torch.isfinite(largest).all()):  # one synchronisation per step, not one per parameter
+        if all_finite(grads):  # one synchronisation per step, not one per parameter
             self.consecutive = 0
             return
         step = trainer.global_step

@@ -204,6 +204,9 @@ class Preemption(L.Callback):
         if self._stopping is None:
             return
         signum, requeueing, step = self._stopping
+        finish = getattr(trainer.strategy, "finish_pending", None)
+        if finish is not None:  # a sharded checkpoint written in the background is complete before the exit
+            finish()
         for logger in trainer.loggers:  # before a requeue: SLURM then sends SIGTERM, SIGKILL follows
             logger.save()
         if trainer.is_global_zero:

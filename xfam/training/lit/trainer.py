@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch import callbacks as cb
 from lightning.pytorch import loggers
 
@@ -18,6 +19,7 @@ from xfam.core.errors import ConfigError
 from xfam.core.logs import log, quiet_lightning
 from xfam.training.lit.callbacks import LogProgress, LossCurve, MatmulPrecision, StepProgressBar, Throughput
 from xfam.training.lit.checkpoint import AtomicCheckpointIO
+from xfam.training.lit.fsdp import SHARDED, ShardedStrategy
 from xfam.training.lit.nonfinite import NonFiniteGuard
 from xfam.training.lit.preempt import Preemption, cluster_plugins
 from xfam.training.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
@@ -66,8 +68,11 @@ def make_loggers(spec: LoggerSpec, run_dir: Path, name: str, resume_step: int = 
     return out
 
 
-def make_callbacks(spec: CallbacksSpec, run_dir: Path, ckpt_path: str | None = None) -> list[L.Callback]:
-    """Checkpoints (periodic, best, and on a preemption signal), progress, learning rate, loss curve."""
+def make_callbacks(
+    spec: CallbacksSpec, run_dir: Path, ckpt_path: str | None = None, sharded: bool = False
+) -> list[L.Callback]:
+    """Checkpoints (periodic, best, and on a preemption signal), progress, learning rate, loss curve.
+    ``sharded``: checkpoints are folders (``trainer=fsdp``), and ``last.ckpt`` links to the newest one."""
     ckpt_dir = run_dir / "checkpoints"
     periodic = StepCheckpoint(
         dirpath=ckpt_dir,
@@ -77,7 +82,7 @@ def make_callbacks(spec: CallbacksSpec, run_dir: Path, ckpt_path: str | None = N
         save_top_k=spec.keep_last,
         monitor=None if spec.keep_last == -1 else "global_step",
         mode="max",
-        save_last=True,
+        save_last="link" if sharded else True,
         enable_version_counter=False,
     )
     out: list[L.Callback] = [periodic, Throughput()]
@@ -108,6 +113,14 @@ def make_callbacks(spec: CallbacksSpec, run_dir: Path, ckpt_path: str | None = N
     return out
 
 
+def sharded_strategy(trainer_kw: dict[str, Any], async_save: bool = False) -> ShardedStrategy:
+    """``trainer.strategy=fsdp`` / ``fsdp_spawn``: FSDP2 (``xfam.training.lit.fsdp``); a bf16/fp16 mixed run
+    computes in that dtype with fp32 parameters and gradient reduction. ``async_save``: ``callbacks.async_save``."""
+    precision = str(trainer_kw.get("precision", "32-true"))
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    return ShardedStrategy(spawn=SHARDED[str(trainer_kw["strategy"])], param_dtype=dtype, async_save=async_save)
+
+
 def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (), resume_step: int = 0) -> L.Trainer:
     """The Trainer of a validated config writing into ``run_dir`` (plus ``extra`` callbacks), resuming at
     ``resume_step`` (0: from scratch)."""
@@ -118,11 +131,14 @@ def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (
     precision = MatmulPrecision(trainer_kw.pop("matmul_precision", "highest"))
     if cbs.progress_bar == "none" or not sys.stdout.isatty():
         trainer_kw["enable_progress_bar"] = False
+    sharded = str(trainer_kw.get("strategy")) in SHARDED
+    if sharded:
+        trainer_kw["strategy"] = sharded_strategy(trainer_kw, cbs.async_save)
     return L.Trainer(
         **trainer_kw,
         default_root_dir=str(run_dir),
         logger=make_loggers(LoggerSpec(**cfg["logger"]), run_dir, cfg["name"], resume_step),
-        callbacks=[*make_callbacks(cbs, run_dir, cfg.get("ckpt_path")), guard, precision, *extra],
+        callbacks=[*make_callbacks(cbs, run_dir, cfg.get("ckpt_path"), sharded), guard, precision, *extra],
         plugins=[AtomicCheckpointIO(), *cluster_plugins()],  # signals: xfam.training.lit.preempt
         use_distributed_sampler=False,
     )
