@@ -100,13 +100,24 @@ def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> An
         status = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
         log.error("job %s failed:\n%s", run_dir.name, traceback.format_exc())
         FAILED_JOBS.append(run_dir.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "status.json").write_text(json.dumps({**status, "overrides": overrides}, indent=1))
+    if _global_rank() == 0:  # (under srun every task of the job runs this)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "status.json").write_text(json.dumps({**status, "overrides": overrides}, indent=1))
     metric = plain.get("optimized_metric")
     if status["status"] != "ok":
         log.warning("job %s %s: %s", run_dir.name, status["status"], status["reason"])
         return float("nan") if metric else None  # Optuna records a NaN trial as failed
     return metrics.get(metric) if metric else None
+
+
+def _global_rank() -> int:
+    """This process's global rank, from the launcher's environment (torchrun, srun) or torch (0: one process)."""
+    import os
+
+    for key in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
 
 
 def main(task: Any) -> None:

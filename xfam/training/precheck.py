@@ -332,6 +332,9 @@ def precheck(args: list[str]) -> None:
             except ConfigError as err:
                 (job_problems if len(jobs) > 1 else problems).extend(label + p for p in err.problems)
                 bad_jobs.add(tuple(job))
+        if not here:  # (the jobs' overrides leave Hydra's own out: the launcher's are needed here)
+            own = [o for o in overrides if o.lstrip("+~").startswith("hydra")]
+            problems += _launcher_problems(compose, config_name, [j + own for j in jobs if tuple(j) not in bad_jobs])
     finally:
         GlobalHydra.instance().clear()
     for texts in refused.values():  # once, or per job where the jobs' valid keys differ
@@ -345,6 +348,40 @@ def precheck(args: list[str]) -> None:
             f"\n  {listed}",
             file=sys.stderr,
         )
+
+
+def _launcher_problems(compose: Any, config_name: str, jobs: list[list[str]]) -> list[str]:
+    """A cluster launcher (``hydra/launcher=slurm``) allocates the nodes and the tasks per node that every task's
+    Lightning then checks against ``trainer.num_nodes`` and ``trainer.devices`` (on the nodes, after the queue):
+    they must agree before submission. The launcher's settings are resolved once for the whole sweep, so a sweep
+    over ``trainer.num_nodes`` cannot be allocated."""
+    problems, nodes_of_jobs = [], set()
+    for job in jobs:
+        try:
+            cfg = compose(config_name, overrides=job, return_hydra_config=True)
+            launcher, trainer = OmegaConf.to_container(cfg.hydra.launcher, resolve=True), cfg.trainer
+        except Exception:  # (composition problems are reported by precheck itself)
+            continue
+        num_nodes, devices = trainer.get("num_nodes", 1), trainer.get("devices", 1)
+        nodes_of_jobs.add(num_nodes)
+        if (nodes := launcher.get("nodes")) is not None and nodes != num_nodes:
+            problems.append(
+                f"hydra.launcher.nodes={nodes} but trainer.num_nodes={num_nodes}: Lightning refuses a job whose "
+                f"nodes differ from trainer.num_nodes (on the nodes, after the queue). Fix: trainer.num_nodes={nodes} "
+                f"(hydra.launcher.nodes follows it)."
+            )
+        tasks = launcher.get("tasks_per_node")
+        if isinstance(devices, int) and not isinstance(devices, bool) and tasks is not None and devices != tasks:
+            problems.append(
+                f"hydra.launcher.tasks_per_node={tasks} but trainer.devices={devices}: one task per device. Fix: "
+                f"trainer.devices=auto (the GPUs a task sees), or hydra.launcher.gpus_per_node={devices}."
+            )
+    if len(nodes_of_jobs) > 1:
+        problems.append(
+            f"a sweep over trainer.num_nodes ({sorted(nodes_of_jobs)}) under a cluster launcher: its allocation is "
+            f"resolved once for the whole sweep. Fix: one sweep per number of nodes."
+        )
+    return list(dict.fromkeys(problems))
 
 
 def resolved(cfg: DictConfig) -> dict[str, Any]:
