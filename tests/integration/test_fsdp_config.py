@@ -100,3 +100,24 @@ def test_background_checkpoints_need_a_sharded_strategy() -> None:
         ConfigError, match="callbacks.async_save=true writes sharded checkpoints .* Fix: trainer=fsdp_cpu"
     ):
         validate(compose_cfg(["callbacks.async_save=true"]))
+
+
+def test_fp16_with_fsdp_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match="precision='16-mixed' with FSDP .* Fix: trainer.precision=bf16-mixed"):
+        validate(compose_cfg(["trainer=fsdp", "trainer.precision=16-mixed"]))
+
+
+def test_the_wrapping_plan_says_which_blocks_are_units_and_why_not() -> None:
+    from doubles import build_model
+
+    from xfam.training.lit.fsdp import per_block, sharding_plan
+
+    plain = build_model(layers=3, dim=16, heads=2)
+    assert per_block(plain) and "units: one unit per block (3)" in sharding_plan(plain, 2)
+    for model, why in (
+        (build_model(layers=3, dim=16, heads=2, share_layers=True), "a block runs at several depths"),
+        (build_model(layers=3, dim=16, heads=2, reversible=True), "reversible layers"),
+        (build_model(layers=3, dim=16, heads=2, exit={"name": "calm"}), "exit=calm skips blocks per rank"),
+    ):
+        assert not per_block(model)
+        assert f"none ({why}" in sharding_plan(model, 2) and "and the root (" in sharding_plan(model, 2)

@@ -82,6 +82,12 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
             f"trainer.precision={trainer['precision']!r} needs a GPU (fp16 autocast is not supported on CPU). "
             f"Fix: trainer.precision=32-true or bf16-mixed (slow on CPUs without bf16 units)."
         )
+    if str(trainer.get("strategy")) in ("fsdp", "fsdp_spawn") and str(trainer.get("precision")).startswith("16"):
+        out.append(
+            f"trainer.precision={trainer['precision']!r} with FSDP (trainer.strategy={trainer['strategy']}): fp16 "
+            f"needs a gradient scaler aware of sharded gradients, which xfam does not set up. Fix: trainer.precision="
+            f"bf16-mixed (sharded fp32 parameters, bf16 compute, fp32 reduction) or 32-true."
+        )
     return out
 
 

@@ -73,9 +73,10 @@ class ResumableBatchSampler(Sampler[list[int]]):
         this sampler's); a checkpoint resumed on another number of processes skips the rows it consumed, and
         the rest of the epoch is cut into this sampler's batches. The stream layout cannot be re-cut: its
         rows per batch must be this sampler's (the runner refuses another global batch before launch)."""
-        global_batch = global_batch or self.batch_size * self.world_size
-        if self.streams and global_batch != self.batch_size * self.world_size:
-            raise ValueError(f"streams are laid out for {global_batch} rows per batch, not {self.batch_size}")
+        now = self.batch_size * self.world_size
+        global_batch = global_batch or now
+        if self.streams and global_batch != now:
+            raise ValueError(f"streams laid out for {global_batch} rows per batch cannot continue with {now}")
         self._skip = (epoch, batches, global_batch)
 
     def __iter__(self) -> Iterator[list[int]]:

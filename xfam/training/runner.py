@@ -36,7 +36,7 @@ from xfam.model import checkpoint
 from xfam.model.build import build_data, check_checkpoint_data, data_info
 from xfam.model.init_from import ParamSplit, freeze, grouped_names, init_from, mark_split
 from xfam.training.allocator import keep_freed_memory
-from xfam.training.resume import FinetuneRecord, check_resume, holds_run, resolve_checkpoint
+from xfam.training.resume import FinetuneRecord, check_resume, holds_run, processes, resolve_checkpoint
 
 
 def prepared_once() -> FileLock:
@@ -168,6 +168,7 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
     checkpoints, the run record and the trainer's loggers get, and what the data section is read from."""
     from xfam.data.module import XfamDataModule
     from xfam.data.tasks import task_collate
+    from xfam.training.lit.fsdp import ShardedStrategy, sharding_plan
     from xfam.training.lit.module import XfamLitModule
     from xfam.training.lit.trainer import make_trainer
 
@@ -192,6 +193,8 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
         source, seed=rc.run.seed, streams=rc.streams, num_workers=rc.loader.num_workers, collate=collate
     )
     trainer = make_trainer(cfg, run_dir, [*(callbacks or []), *finetune_callbacks], resume_step=resumed_at)
+    if isinstance(trainer.strategy, ShardedStrategy):  # (spawned ranks do not log: said here, before launch)
+        log.info(sharding_plan(module.model, processes(cfg["trainer"])))
     handler = write_record(run_dir, cfg, source)
     try:
         log.info("run directory: %s", run_dir)

@@ -42,7 +42,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from xfam.core.errors import ConfigError
-from xfam.core.logs import log
 from xfam.model.checkpoint import DIGEST_KEY, disk_full, is_disk_full, read, seal
 from xfam.model.sharded import SHARDS_KEY, rank_digests, remove
 
@@ -70,20 +69,42 @@ def shard_model(model: nn.Module, mesh: Any, mp_policy: Any) -> list[str]:
 
 
 def per_block(stack: nn.Module) -> bool:
-    """Whether each block of ``stack`` can be an FSDP unit of its own, all-gathered around its own forward. Not when
-    a block runs at several depths (``model.share_layers``, ACT's shared step), nor under reversible layers
-    (``model.reversible``: their backward calls the blocks' sublayers, not the blocks), nor under an early-exit
-    policy (``calm``, ``depth_adaptive``): when every token of a rank has left, that rank skips the remaining
-    blocks, and its all-gathers would no longer pair with the other ranks'; nor under a model-level objective
-    (ETC's CPC), whose extra passes through the stack depend on each rank's rows (none when fewer than two
-    sentences are masked)."""
+    """Whether each block of ``stack`` can be an FSDP unit of its own, all-gathered around its own forward
+    (``whole_stack_reason`` says why not)."""
+    return whole_stack_reason(stack) is None
+
+
+def whole_stack_reason(stack: nn.Module) -> str | None:
+    """Why the blocks of ``stack`` stay in the root unit (None: each is a unit of its own). A block that runs at
+    several depths (``model.share_layers``, ACT's shared step); reversible layers (``model.reversible``: their
+    backward calls the blocks' sublayers, not the blocks); an early-exit policy (``calm``, ``depth_adaptive``: when
+    every token of a rank has left, that rank skips the remaining blocks, and its all-gathers would no longer pair
+    with the other ranks'); a model-level objective (ETC's CPC: its extra passes through the stack depend on each
+    rank's rows, none when fewer than two sentences are masked)."""
     from xfam.exit import EarlyExitPolicy
 
+    if len(stack.blocks) != stack.num_layers:
+        return "a block runs at several depths"
+    if stack.spec.reversible:
+        return "reversible layers call the blocks' sublayers in their backward"
+    if isinstance(stack.exit, EarlyExitPolicy):
+        return f"exit={stack.exit.registry_name} skips blocks per rank"
+    if getattr(stack, "objective", None) is not None:
+        return "the attention's model-level objective re-runs the stack per rank's rows"
+    return None
+
+
+def sharding_plan(model: nn.Module, processes: int | None) -> str:
+    """The log line of how ``model`` is sharded (``shard_model``), for the run's log before launch."""
+    stacks = {"encoder ": model.encoder, "decoder ": model.decoder} if hasattr(model, "encoder") else {"": model}
+    parts = []
+    for prefix, stack in stacks.items():
+        why = whole_stack_reason(stack)
+        parts.append(f"{prefix}one unit per block ({len(stack.blocks)})" if why is None else f"{prefix}none ({why})")
     return (
-        len(stack.blocks) == stack.num_layers
-        and not stack.spec.reversible
-        and not isinstance(stack.exit, EarlyExitPolicy)
-        and getattr(stack, "objective", None) is None
+        f"fsdp: parameters, gradients and AdamW state sharded over {processes or 'every'} process(es); units: "
+        f"{', '.join(parts)}, and the root (embeddings, head, norms, memories, exit classifiers"
+        f"{', blocks' if any(whole_stack_reason(s) for s in stacks.values()) else ''})"
     )
 
 
@@ -119,13 +140,7 @@ class ShardedStrategy(ModelParallelStrategy):
             return
         reduce_dtype = torch.float32 if self.param_dtype is not None else None
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=reduce_dtype)
-        units = shard_model(module.model, self.device_mesh["data_parallel"], mp)
-        log.info(
-            "fsdp: %d ranks, %s; compute dtype %s",
-            self.world_size,
-            f"one unit per block ({len(units)}) + the root" if units else "one unit (xfam.training.lit.fsdp.per_block)",
-            self.param_dtype or "of the parameters",
-        )
+        shard_model(module.model, self.device_mesh["data_parallel"], mp)  # (the runner logged the plan)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:

@@ -275,7 +275,7 @@ def rank_state(ranks: list[dict[str, Any]], rank: int, world: int) -> dict[str, 
     more or fewer processes): the RNG states, which are the same on every rank of a data-parallel run (every
     rank seeds alike and draws alike), and the memory streams regrouped: the saved ranks' streams laid end to
     end are cut into ``world`` equal groups, which is where ``ResumableBatchSampler`` puts them when the global
-    batch is unchanged (``xfam.training.runner.check_world_change`` refuses a changed one before launch)."""
+    batch is unchanged (``xfam.training.resume.check_processes`` refuses a changed one before launch)."""
     if len(ranks) == world:
         return ranks[rank]
     if any(not _same(r["rng"], ranks[0]["rng"]) for r in ranks):

@@ -114,10 +114,11 @@ def make_callbacks(
 
 
 def sharded_strategy(trainer_kw: dict[str, Any], async_save: bool = False) -> ShardedStrategy:
-    """``trainer.strategy=fsdp`` / ``fsdp_spawn``: FSDP2 (``xfam.training.lit.fsdp``); a bf16/fp16 mixed run
-    computes in that dtype with fp32 parameters and gradient reduction. ``async_save``: ``callbacks.async_save``."""
+    """``trainer.strategy=fsdp`` / ``fsdp_spawn``: FSDP2 (``xfam.training.lit.fsdp``); a bf16-mixed run computes in
+    bf16 with fp32 parameters and gradient reduction (fp16 is refused by ``check_trainer``). ``async_save``:
+    ``callbacks.async_save``."""
     precision = str(trainer_kw.get("precision", "32-true"))
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    dtype = torch.bfloat16 if precision == "bf16-mixed" else None
     return ShardedStrategy(spawn=SHARDED[str(trainer_kw["strategy"])], param_dtype=dtype, async_save=async_save)
 
 
