@@ -50,6 +50,7 @@ bench: setup  ## training throughput vs x-transformers and a minimal model, the 
 	$(BIN)/python scripts/bench_train.py
 	$(BIN)/python scripts/bench_seq2seq.py
 	$(BIN)/python scripts/bench_blocks.py
+	$(BIN)/python scripts/bench_scaleout.py
 
 compile-kernels: setup  ## compile every Triton kernel for sm_90 (H100/H200) without a GPU: registers, spills, shared memory
 	$(BIN)/python scripts/compile_kernels.py
