@@ -14,6 +14,7 @@ from typing import Any
 
 from xfam.config import trainer_args
 from xfam.config.specs import wandb_online_problem
+from xfam.config.trainer_args import SHARDED_STRATEGIES
 from xfam.core.errors import ConfigError, did_you_mean, unknown_choice
 
 #: Trainer arguments xfam sets itself (from the logger/callbacks groups and the run directory).
@@ -82,7 +83,7 @@ def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
             f"trainer.precision={trainer['precision']!r} needs a GPU (fp16 autocast is not supported on CPU). "
             f"Fix: trainer.precision=32-true or bf16-mixed (slow on CPUs without bf16 units)."
         )
-    if str(trainer.get("strategy")) in ("fsdp", "fsdp_spawn") and str(trainer.get("precision")).startswith("16"):
+    if str(trainer.get("strategy")) in SHARDED_STRATEGIES and str(trainer.get("precision")).startswith("16"):
         out.append(
             f"trainer.precision={trainer['precision']!r} with FSDP (trainer.strategy={trainer['strategy']}): fp16 "
             f"needs a gradient scaler aware of sharded gradients, which xfam does not set up. Fix: trainer.precision="

@@ -39,12 +39,12 @@ PRECISIONS: tuple[Any, ...] = (
     32,
     16,
 )
-#: ``strategy``: "auto" and the common names of lightning.pytorch.strategies.StrategyRegistry (the registry
-#: itself is asked about any other name). ``fsdp`` and ``fsdp_spawn`` are xfam's FSDP2 strategy
-#: (``xfam.training.lit.fsdp``), not Lightning's FSDP1 of the same name.
-STRATEGIES = (
-    "auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "fsdp_spawn", "deepspeed", "single_device"
-)  # fmt: skip
+#: ``strategy`` names xfam builds itself: its FSDP2 strategy (``xfam.training.lit.fsdp``; ``fsdp`` is not Lightning's
+#: FSDP1 of the same name), with ranks started by re-running the command line or externally, or spawned.
+SHARDED_STRATEGIES = ("fsdp", "fsdp_spawn")
+#: ``strategy``: "auto", xfam's own and the common names of lightning.pytorch.strategies.StrategyRegistry (the
+#: registry itself is asked about any other name).
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "deepspeed", "single_device", *SHARDED_STRATEGIES)
 #: ``accelerator``: "auto", "gpu" and lightning.pytorch.accelerators.AcceleratorRegistry's built-in names.
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 #: Keyword arguments of ``datetime.timedelta`` (a ``max_time`` / ``val_check_interval`` given as a mapping).

@@ -21,6 +21,7 @@ from xfam.config.slots import _slot_problems, encoder_is_default, encoder_stack,
 from xfam.config.specs import CallbacksSpec, LoaderSpec, LoggerSpec, OptimSpec, RunSpec
 from xfam.config.task import TaskSpec, arch_problems, known_task, resolve_task
 from xfam.config.trainer import check_trainer
+from xfam.config.trainer_args import SHARDED_STRATEGIES
 from xfam.core.errors import ConfigError, unknown_choice
 from xfam.core.registry import check_params
 from xfam.core.schedule import per_layer
@@ -198,7 +199,7 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
             f"callbacks.requeue_signal and callbacks.stop_signal are both {sig}. "
             f"Fix: give them different signals, or set one to null."
         )
-    if cfg["callbacks"].get("async_save") and str(cfg["trainer"].get("strategy")) not in ("fsdp", "fsdp_spawn"):
+    if cfg["callbacks"].get("async_save") and str(cfg["trainer"].get("strategy")) not in SHARDED_STRATEGIES:
         problems.append(
             f"callbacks.async_save=true writes sharded checkpoints in the background, and "
             f"trainer.strategy={cfg['trainer'].get('strategy')!r} writes single files. Fix: trainer=fsdp_cpu (or "

@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 
+from xfam.config.trainer_args import SHARDED_STRATEGIES
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log
 from xfam.model import checkpoint
@@ -122,7 +123,7 @@ def check_processes(ckpt: str, saved: dict[str, Any], cfg: dict[str, Any], strea
     file under the other strategies (``xfam convert`` turns one into the other); on another number of processes
     than wrote it, the position in the data maps by rows (``ResumableBatchSampler.skip``), except the memory
     slot's streams, which need the same rows per step over all ranks (``data.batch_size`` x processes)."""
-    folder, fsdp = Path(ckpt).is_dir(), str(cfg["trainer"].get("strategy")) in ("fsdp", "fsdp_spawn")
+    folder, fsdp = Path(ckpt).is_dir(), str(cfg["trainer"].get("strategy")) in SHARDED_STRATEGIES
     if folder != fsdp:
         what, other = ("a sharded checkpoint (a folder)", "trainer=fsdp_cpu / fsdp") if folder else ("one file", "")
         raise ConfigError(

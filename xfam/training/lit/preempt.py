@@ -204,7 +204,7 @@ class Preemption(L.Callback):
         if self._stopping is None:
             return
         signum, requeueing, step = self._stopping
-        finish = getattr(trainer.strategy, "finish_pending", None)
+        finish = getattr(getattr(trainer, "strategy", None), "finish_pending", None)
         if finish is not None:  # a sharded checkpoint written in the background is complete before the exit
             finish()
         for logger in trainer.loggers:  # before a requeue: SLURM then sends SIGTERM, SIGKILL follows
