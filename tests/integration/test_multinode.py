@@ -334,6 +334,29 @@ def test_torchrun_nodes_killed_then_relaunched_continue_exactly(
     same_losses(val_losses(run_dir), val_losses(reference))  # a kill after a checkpoint loses its validation row
 
 
+@pytest.mark.slow  # one 2-node FSDP run (the one-process run is shared): ~25 s
+def test_torchrun_two_nodes_train_sharded_as_one_process(corpus: Path, one_process: Path, tmp_path: Path) -> None:
+    """``trainer=fsdp`` (FSDP2, the ranks started by torchrun, not by Lightning) over 2 "nodes": the validation
+    losses of one process with the global batch, and sharded checkpoints with one shard file per node's rank."""
+    from tests.integration.test_distributed import RTOL, val_losses
+
+    fsdp = ["trainer=fsdp_cpu", "trainer.strategy=fsdp", "trainer.num_nodes=2", "trainer.devices=1"]
+    args = ["name=d", *run_args(corpus, 4), *fsdp]
+    with cluster(tmp_path, "fsdp") as c:
+        port = free_port()
+        for node in range(NODES):
+            c.start(torchrun(node, port, args), node_env(tmp_path / "runs"))
+        assert c.wait() == [0] * NODES, c.tails()
+    run_dir = the_run(tmp_path / "runs")
+    assert "units: one unit per block (2)" in c.output(0)
+    two, single = val_losses(run_dir), val_losses(one_process)
+    assert sorted(two) == sorted(single) == [2, 5, 8]
+    for step in two:
+        assert two[step] == pytest.approx(single[step], rel=RTOL), step
+    shards = sorted(p.name for p in (run_dir / "checkpoints" / "last.ckpt").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+
+
 def srun(c: Cluster, runs: Path, args: list[str], scontrol: Path, **extra: str) -> None:
     """Start the 2 tasks of one SLURM job step."""
     port = free_port()
