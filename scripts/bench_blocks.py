@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchlib import protocol
+from benchlib import common, protocol
 from benchlib.common import (
     BATCH,
     BETAS,
@@ -66,12 +66,10 @@ from benchlib.common import (
     LAYERS,
     LR,
     MATMUL_N,
-    NOTES_MARKER,
     ROOT,
     SEQ,
     VOCAB,
     WEIGHT_DECAY,
-    write_section,
 )
 
 START, END = "<!-- bench_blocks:start -->", "<!-- bench_blocks:end -->"
@@ -651,13 +649,9 @@ def render_png(data: dict[str, Any], path: Path) -> None:
 
 
 def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
-    """The chart, and the generated section of ``md`` between its markers (the rest of the file is kept; the
-    section sits after bench_train.py's notes marker, so rewriting the training report keeps it)."""
-    png.parent.mkdir(parents=True, exist_ok=True)
-    render_png(data, png)
-    text = md.read_text() if md.exists() else ""
-    heading = HEADING if NOTES_MARKER in text else f"{NOTES_MARKER}\n\n{HEADING}"
-    write_section(md, START, END, render_md(data, png, md), new_heading=heading)
+    """The chart and this benchmark's section of ``md`` (``benchlib.common.write_report``)."""
+    chart = lambda path: render_png(data, path)  # noqa: E731
+    common.write_report(md, png, (START, END), HEADING, chart, render_md(data, png, md))
 
 
 def print_summary(data: dict[str, Any]) -> None:

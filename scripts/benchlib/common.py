@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 SYSTEMS = ("minimal", "xtransformers", "xtransformers_flash", "xfam", "xfam_lightning")
@@ -60,3 +61,16 @@ def write_section(path: Path, start: str, end: str, body: str, new_file: str = "
         text = text.rstrip("\n") + "\n\n" + (f"{new_heading}\n\n" if new_heading else "") + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.lstrip("\n"))
+
+
+def write_report(
+    md: Path, png: Path, markers: tuple[str, str], heading: str, chart: Callable[[Path], None], section: str
+) -> None:
+    """A benchmark's chart (``chart(png)``) and its generated ``section`` of ``md`` between ``markers`` (the rest of
+    the file is kept). A new section goes after bench_train.py's notes marker, so rewriting the training report
+    keeps it."""
+    png.parent.mkdir(parents=True, exist_ok=True)
+    chart(png)
+    text = md.read_text() if md.exists() else ""
+    heading = heading if NOTES_MARKER in text else f"{NOTES_MARKER}\n\n{heading}"
+    write_section(md, *markers, section, new_heading=heading)
