@@ -45,6 +45,25 @@ def test_skip_resumes_exactly_where_the_epoch_stopped(streams: bool) -> None:
     assert list(resumed) == whole  # skipping applies to one iteration only
 
 
+def test_a_resume_on_another_number_of_processes_skips_the_rows_consumed() -> None:
+    """5 steps of 2 ranks x 4 rows, resumed on 1 process reading 4 rows (another global batch) or 8 (the same):
+    the rest of the epoch is the rows not yet trained, in the epoch's order, each once."""
+    ranks = [ResumableBatchSampler(100, 4, seed=7, rank=r, world_size=2) for r in range(2)]
+    before = [i for b0, b1 in list(zip(*[epoch(s, 3) for s in ranks]))[:5] for i in b0 + b1]  # 40 rows
+    order = [i for b in epoch(ResumableBatchSampler(100, 4, seed=7), 3) for i in b]  # the epoch's permutation
+    assert before == order[:40]
+    for batch in (4, 8):
+        one = ResumableBatchSampler(100, batch, seed=7)
+        one.set_epoch(3)
+        one.skip(5, epoch=3, global_batch=8)
+        after = [i for b in one for i in b]
+        assert after == order[40 : 40 + (60 // batch) * batch]  # (the last partial batch dropped)
+        assert not set(after) & set(before)
+    streams = ResumableBatchSampler(100, 4, streams=True)
+    with pytest.raises(ValueError, match="laid out for 8 rows per batch cannot continue with 4"):
+        streams.skip(5, epoch=0, global_batch=8)
+
+
 def test_streams_continue_row_by_row() -> None:
     s = ResumableBatchSampler(40, 4, streams=True)
     batches = epoch(s, 0)
