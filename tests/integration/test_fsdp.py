@@ -69,6 +69,9 @@ def test_fsdp_trains_as_one_process_with_the_same_global_batch(fsdp_run: Path, o
     # only rank 0 writes the run's files: the same ones as a one-process run's, checkpoints aside
     files = lambda d: {p.relative_to(d) for p in d.rglob("*") if "checkpoints" not in p.parts}  # noqa: E731
     assert files(fsdp_run) == files(one_run)
+    # what the spawned ranks chose is in the run's log, as a one-process run's is
+    assert "optimizer: fused AdamW" in (fsdp_run / "train.log").read_text()
+    assert "units: one unit per block (2)" in (fsdp_run / "train.log").read_text()
     # every rank read its own rows: its memory streams differ, and together they are the one-process streams
     ranks = read(last)["xfam_resume"]["ranks"]
     h = [r["memory"]["layers"][0]["h"] for r in ranks]

@@ -3,9 +3,34 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 log = logging.getLogger("xfam")
 _seen: set[str] = set()
+#: The format of xfam's log lines, on the console (Hydra's job logging) and in a run's ``train.log``.
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] %(message)s"
+
+
+def log_in_spawned_rank(log_file: Path | None) -> bool:
+    """In a training process that a launcher spawned (``ddp_spawn``, ``fsdp_spawn``: a fresh interpreter where
+    Hydra configured no logging), send xfam's INFO lines to stderr and to the run's ``log_file``, as the main
+    process does, so what a rank chooses (the optimizer, a component's backend) is not lost. Nothing where
+    logging is configured already (one process, or ranks started by torchrun/srun running train.py). True if
+    it attached the handlers."""
+    import multiprocessing
+
+    root = logging.getLogger()
+    if root.handlers or multiprocessing.parent_process() is None:  # (not a spawned process)
+        return False
+    formatter = logging.Formatter(LOG_FORMAT)
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_file is not None and log_file.parent.is_dir():
+        handlers.append(logging.FileHandler(log_file))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return True
 
 
 def log_once(msg: str, level: int = logging.INFO) -> None:

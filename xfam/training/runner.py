@@ -30,7 +30,7 @@ from filelock import FileLock
 from lightning.pytorch.utilities import rank_zero_only
 
 from xfam.config import RunConfig, validate
-from xfam.core.logs import log
+from xfam.core.logs import LOG_FORMAT, log
 from xfam.data.tokenize import cache_root
 from xfam.model import checkpoint
 from xfam.model.build import build_data, check_checkpoint_data, data_info
@@ -193,8 +193,6 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
         source, seed=rc.run.seed, streams=rc.streams, num_workers=rc.loader.num_workers, collate=collate
     )
     trainer = make_trainer(cfg, run_dir, [*(callbacks or []), *finetune_callbacks], resume_step=resumed_at)
-    if isinstance(trainer.strategy, ShardedStrategy):  # (spawned ranks do not log: said here, before launch)
-        log.info(sharding_plan(module.model, processes(cfg["trainer"])))
     handler = write_record(run_dir, cfg, source)
     try:
         log.info("run directory: %s", run_dir)
@@ -203,6 +201,8 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
             done = " (max_steps reached: nothing left to train, evaluating)" if 0 < max_steps <= resumed_at else ""
             log.info("resuming from %s at step %d%s", ckpt, resumed_at, done)
         log.info(describe(rc, module, source))
+        if isinstance(trainer.strategy, ShardedStrategy):  # (said before launch, once, by this process)
+            log.info(sharding_plan(module.model, processes(cfg["trainer"])))
         for message in finetuning:
             log.info(message)
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
@@ -245,7 +245,7 @@ def write_record(run_dir: Path, cfg: dict[str, Any], source: Any) -> logging.Han
         if checkpoint.is_disk_full(err):
             raise checkpoint.disk_full(run_dir) from err
         raise
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
     return handler
 

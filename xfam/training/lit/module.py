@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -35,7 +36,7 @@ from torch import Tensor
 from xfam.config.run import RunConfig
 from xfam.config.specs import OptimSpec
 from xfam.config.task import TaskSpec
-from xfam.core.logs import log_once, quiet_lightning
+from xfam.core.logs import log_in_spawned_rank, log_once, quiet_lightning
 from xfam.eval.carry import Carry, carried_inputs, next_carry
 from xfam.eval.forward import forward_batch
 from xfam.eval.inference import compares_full_depth, full_depth_stats, summarize_full_depth
@@ -98,6 +99,12 @@ class XfamLitModule(L.LightningModule):
         self._resume: dict[str, Any] | None = None
         self._sums: dict[str, Tensor] = {}
         self._texts: GeneratedTexts | None = None  # seq2seq: the generated outputs of this evaluation
+
+    def setup(self, stage: str) -> None:
+        """In a spawned rank (``trainer=ddp_cpu``, ``fsdp_cpu``), rank 0 logs into the run's ``train.log`` and
+        stderr like the main process (``log_in_spawned_rank``); the other ranks keep quiet."""
+        if self.global_rank == 0:
+            log_in_spawned_rank(Path(self.trainer.default_root_dir) / "train.log")
 
     # -- steps -----------------------------------------------------------------------------------
     def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
