@@ -132,6 +132,16 @@ def test_a_sharded_checkpoint_evaluates_converts_and_loads_in_one_process(fsdp_r
             assert torch.equal(other(tokens, memory=other.init_memory(2, torch.device("cpu"))).logits, reference)
     res = run_cli(["-m", "xfam.cli", "eval", f"ckpt={folder}", "limit=1"])
     assert res.returncode == 0 and "test/loss" in res.stdout, res.stderr[-2000:]
+    # fine-tuning starts from a folder too (init_from=<folder>): every tensor loaded, the same outputs
+    from xfam.model.build import build_model
+    from xfam.model.init_from import FinetuneSpec, finetune_problems, init_from
+
+    fresh = build_model(meta["config"], meta["data_info"]).eval()
+    assert not finetune_problems({**meta["config"], "init_from": str(folder), "ckpt_path": None})
+    report = init_from(fresh, folder, FinetuneSpec(), meta["data_info"])
+    assert report.step == 9 and not report.new and not report.mismatched
+    with torch.no_grad():
+        assert torch.equal(fresh(tokens, memory=fresh.init_memory(2, torch.device("cpu"))).logits, reference)
 
 
 def _leaves(d, prefix: str = ""):
