@@ -241,14 +241,17 @@ class _ShardedSpawnLauncher(_MultiProcessingLauncher):
     def _collect_rank_zero_results(self, trainer: L.Trainer, results: Any) -> _WorkerOutput | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state_dict = get_model_state_dict(trainer.lightning_module, options=options)  # a collective: every rank
+        fitting = trainer.state.fn == TrainerFn.FITTING  # (after a test or validation nothing goes back)
+        if fitting:  # a collective, every rank; the barrier lets no rank exit while its part is in flight
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            state_dict = get_model_state_dict(trainer.lightning_module, options=options)
+            torch.distributed.barrier()
         if self._strategy.local_rank != 0 or self._strategy.global_rank != 0:
             return None
         callback = trainer.checkpoint_callback
         best = getattr(callback, "best_model_path", None) if callback else None
         weights_path = None
-        if trainer.state.fn == TrainerFn.FITTING:
+        if fitting:
             weights_path = os.path.join(tempfile.mkdtemp(), ".temp.ckpt")
             torch.save(state_dict, weights_path)
         return _WorkerOutput(best, weights_path, trainer.state, results, self.get_extra_results(trainer))
