@@ -110,14 +110,14 @@ def test_fp16_with_fsdp_is_refused_with_the_fix() -> None:
 def test_the_wrapping_plan_says_which_blocks_are_units_and_why_not() -> None:
     from doubles import build_model
 
-    from xfam.training.lit.fsdp import per_block, sharding_plan
+    from xfam.training.lit.fsdp import sharding_plan, whole_stack_reason
 
     plain = build_model(layers=3, dim=16, heads=2)
-    assert per_block(plain) and "units: one unit per block (3)" in sharding_plan(plain, 2)
+    assert whole_stack_reason(plain) is None and "units: one unit per block (3)" in sharding_plan(plain, 2)
     for model, why in (
         (build_model(layers=3, dim=16, heads=2, share_layers=True), "a block runs at several depths"),
         (build_model(layers=3, dim=16, heads=2, reversible=True), "reversible layers"),
         (build_model(layers=3, dim=16, heads=2, exit={"name": "calm"}), "exit=calm skips blocks per rank"),
     ):
-        assert not per_block(model)
+        assert whole_stack_reason(model) is not None
         assert f"none ({why}" in sharding_plan(model, 2) and "and the root (" in sharding_plan(model, 2)

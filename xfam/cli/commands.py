@@ -26,6 +26,7 @@ from xfam.cli.grammar import (
     must,
 )
 from xfam.core.errors import ConfigError
+from xfam.model.sharded import is_sharded
 
 SPLITS = Choice("train", "validation", "test")
 CKPT_EXAMPLE = "runs/<name>/<run>/checkpoints/last.ckpt"
@@ -33,7 +34,7 @@ CKPT_EXAMPLE = "runs/<name>/<run>/checkpoints/last.ckpt"
 
 def checkpoint_file(option: Option, value: str) -> str | None:
     """A checkpoint must be an existing file or a sharded checkpoint's folder (checked before anything is loaded)."""
-    if os.path.isfile(value) or os.path.isfile(os.path.join(value, "meta.pt")):
+    if os.path.isfile(value) or is_sharded(value):
         return None
     what = "is a folder but not a sharded checkpoint (no meta.pt)" if os.path.isdir(value) else "does not exist"
     return (

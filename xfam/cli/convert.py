@@ -27,9 +27,9 @@ def run(args: Args) -> Path:
     ckpt = read(src)  # digests checked (of every shard, for a folder)
     step = ckpt.get("global_step")
     if sharded.is_sharded(src):
-        write(sharded.to_file(src, ckpt), out.with_name(out.name + ".new"))
-        sharded.remove(out)
-        out.with_name(out.name + ".new").replace(out)
+        if out.is_dir() and not out.is_symlink():  # (a file can replace a file atomically, not a folder)
+            sharded.remove(out)
+        write(sharded.to_file(src, ckpt), out)
         print(f"{src} (sharded, step {step}) -> {out} (one file, {out.stat().st_size / 2**20:.1f} MB)")
         return out
     tmp = out.with_name(out.name + ".tmp")

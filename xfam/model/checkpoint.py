@@ -14,12 +14,14 @@ re-exported here: import any of it from this module.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
 import importlib.metadata
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ __all__ = [
     "DiskFullError",
     "architecture_diff",
     "digest",
+    "disk_errors",
     "disk_full",
     "free_bytes",
     "git_commit",
@@ -96,6 +99,17 @@ def disk_full(path: str | Path, need: int | None = None) -> DiskFullError:
 
 def is_disk_full(err: OSError) -> bool:
     return err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def disk_errors(path: str | Path) -> Iterator[None]:
+    """Writing ``path`` (a checkpoint, a run's record): a full disk becomes ``disk_full``'s one line."""
+    try:
+        yield
+    except OSError as err:
+        if is_disk_full(err):
+            raise disk_full(path) from err
+        raise
 
 
 @functools.cache

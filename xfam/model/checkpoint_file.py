@@ -68,13 +68,18 @@ def write(checkpoint: dict[str, Any], path: str | Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            torch.save({**checkpoint, DIGEST_KEY: digest(checkpoint)}, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _save_synced({**checkpoint, DIGEST_KEY: digest(checkpoint)}, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only left after a failed write
+
+
+def _save_synced(obj: dict[str, Any], path: Path) -> None:
+    """``torch.save`` to ``path``, flushed to the disk before returning."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def seal(tmp: Path, path: Path, meta: dict[str, Any], digests: dict[str, list] | None = None) -> None:
@@ -83,11 +88,7 @@ def seal(tmp: Path, path: Path, meta: dict[str, Any], digests: dict[str, list] |
     ``path`` (the same step saved again) is moved aside first and removed after. ``digests``: those the ranks
     computed of their own shards (``sharded.rank_digests``); the other files are hashed here."""
     meta = {**meta, sharded.SHARDS_KEY: sharded.shard_digests(tmp, digests)}
-    meta[DIGEST_KEY] = digest(meta)
-    with open(tmp / sharded.META_FILE, "wb") as f:
-        torch.save(meta, f)
-        f.flush()
-        os.fsync(f.fileno())
+    _save_synced({**meta, DIGEST_KEY: digest(meta)}, tmp / sharded.META_FILE)
     old = path.with_name(path.name + ".replaced")
     if path.exists() or path.is_symlink():
         sharded.remove(old)
@@ -150,7 +151,7 @@ def read(path: str | Path) -> dict[str, Any]:
         )
     ckpt = verify(ckpt, path)
     if path.is_dir():
-        problem = sharded.shard_problem(path, ckpt.pop(sharded.SHARDS_KEY, {}))
+        problem = _checked_shards(path, ckpt.pop(sharded.SHARDS_KEY, {}))
         if problem is not None:
             raise ConfigError(
                 f"sharded checkpoint {str(path)!r} is corrupted: {problem} (a disk or copy error, or a copy of "
@@ -158,6 +159,23 @@ def read(path: str | Path) -> dict[str, Any]:
                 f"whole folder again from its source."
             )
     return ckpt
+
+
+_shards_ok: set[tuple] = set()  # folders (with every file's name, size and mtime) whose shards were checked here
+
+
+def _checked_shards(folder: Path, recorded: dict[str, list]) -> str | None:
+    """``sharded.shard_problem``, hashed once per folder in this process while none of its files changes (name,
+    size, modification time): ``ckpt_path=auto`` and the resume check read the same checkpoint one after the
+    other, and hashing every shard is the cost of a read."""
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
+    key = (str(folder.resolve()), tuple(files))
+    if key in _shards_ok:
+        return None
+    problem = sharded.shard_problem(folder, recorded)
+    if problem is None:
+        _shards_ok.add(key)
+    return problem
 
 
 def weights(path: str | Path, ckpt: dict[str, Any]) -> dict[str, Any]:

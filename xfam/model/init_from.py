@@ -410,13 +410,12 @@ def finetune_problems(cfg: Mapping[str, Any]) -> list[str]:
 
 def _not_a_checkpoint(path: str) -> str | None:
     """Why ``path`` is not an xfam checkpoint (None: it looks like one), from its memory-mapped structure."""
+    folder = is_sharded(path)  # (its weights are the shards, not a key of meta.pt)
     try:
-        ckpt = load_meta(Path(path)) if is_sharded(path) else torch.load(path, "cpu", weights_only=True, mmap=True)
+        ckpt = load_meta(Path(path)) if folder else torch.load(path, "cpu", weights_only=True, mmap=True)
     except Exception as err:  # not a torch zip file, truncated, hostile
         return f"cannot be read as a checkpoint ({short_reason(err)})"
-    if is_sharded(path):
-        ckpt = {**ckpt, "state_dict": None}  # (the weights are the shards)
-    if not isinstance(ckpt, dict) or "xfam" not in ckpt or "state_dict" not in ckpt:
+    if not isinstance(ckpt, dict) or "xfam" not in ckpt or not (folder or "state_dict" in ckpt):
         return "not an xfam checkpoint (no 'xfam' metadata or no weights)"
     return None
 

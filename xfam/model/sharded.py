@@ -55,13 +55,17 @@ def shard_digests(folder: Path, known: dict[str, list] | None = None) -> dict[st
     computed of their own files (``rank_digests``), taken as they are."""
     known = known or {}
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != META_FILE)
-    return {p.name: known.get(p.name) or [p.stat().st_size, file_digest(p)] for p in files}
+    return {p.name: known.get(p.name) or _size_and_digest(p) for p in files}
 
 
 def rank_digests(folder: Path, rank: int) -> dict[str, list]:
     """The digests of the shard files rank ``rank`` wrote into ``folder`` (DCP names them ``__<rank>_<i>.distcp``),
     so every rank hashes its own in parallel and rank 0 only gathers them."""
-    return {p.name: [p.stat().st_size, file_digest(p)] for p in sorted(folder.glob(f"__{rank}_*.distcp"))}
+    return {p.name: _size_and_digest(p) for p in sorted(folder.glob(f"__{rank}_*.distcp"))}
+
+
+def _size_and_digest(path: Path) -> list:
+    return [path.stat().st_size, file_digest(path)]
 
 
 def shard_problem(folder: Path, recorded: dict[str, list]) -> str | None:

@@ -85,6 +85,8 @@ def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> An
     import json
     import traceback
 
+    from lightning.pytorch.utilities import rank_zero_only
+
     from xfam.model.checkpoint import DiskFullError
     from xfam.training.runner import train
 
@@ -100,7 +102,7 @@ def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> An
         status = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
         log.error("job %s failed:\n%s", run_dir.name, traceback.format_exc())
         FAILED_JOBS.append(run_dir.name)
-    if _global_rank() == 0:  # (under srun every task of the job runs this)
+    if rank_zero_only.rank == 0:  # (under srun every task of the job runs this; the rank from the environment)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "status.json").write_text(json.dumps({**status, "overrides": overrides}, indent=1))
     metric = plain.get("optimized_metric")
@@ -108,16 +110,6 @@ def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> An
         log.warning("job %s %s: %s", run_dir.name, status["status"], status["reason"])
         return float("nan") if metric else None  # Optuna records a NaN trial as failed
     return metrics.get(metric) if metric else None
-
-
-def _global_rank() -> int:
-    """This process's global rank, from the launcher's environment (torchrun, srun) or torch (0: one process)."""
-    import os
-
-    for key in ("RANK", "SLURM_PROCID"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
 
 
 def main(task: Any) -> None:

@@ -236,15 +236,11 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
 @rank_zero_only
 def write_record(run_dir: Path, cfg: dict[str, Any], source: Any) -> logging.Handler:
     """Config, data manifest and a log file in the run directory (rank zero; after all checks)."""
-    try:
+    with checkpoint.disk_errors(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
         write_whole(run_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
         write_whole(run_dir / "data_manifest.json", json.dumps(source.manifest, indent=1, default=str))
         handler = logging.FileHandler(run_dir / "train.log")
-    except OSError as err:
-        if checkpoint.is_disk_full(err):
-            raise checkpoint.disk_full(run_dir) from err
-        raise
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logging.getLogger().addHandler(handler)
     return handler

@@ -9,7 +9,7 @@ from typing import Any
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from xfam.model.checkpoint import disk_full, is_disk_full, verify, write
+from xfam.model.checkpoint import disk_errors, verify, write
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -18,12 +18,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     stores their digest, and Lightning's loads (``trainer.fit(ckpt_path=...)``) verify it."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        try:
+        with disk_errors(path):
             write(checkpoint, path)
-        except OSError as err:
-            if is_disk_full(err):
-                raise disk_full(path) from err
-            raise
 
     def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return verify(super().load_checkpoint(path, *args, **kwargs), path)

@@ -26,11 +26,9 @@ What ``ShardedStrategy`` adds to Lightning's strategy:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,36 +40,30 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from xfam.core.errors import ConfigError
-from xfam.model.checkpoint import DIGEST_KEY, disk_full, is_disk_full, read, seal
+from xfam.model.checkpoint import DIGEST_KEY, disk_errors, read, seal
 from xfam.model.sharded import SHARDS_KEY, rank_digests, remove
 
-#: Trainer strategy names xfam builds itself (``trainer.strategy``): FSDP2 launched by re-running the command line
-#: (or by torchrun/srun), and FSDP2 with spawned ranks.
-SHARDED = {"fsdp": False, "fsdp_spawn": True}
+
+def stacks(model: nn.Module) -> dict[str, nn.Module]:
+    """The layer stacks of ``model`` by name prefix: an ``XfamModel`` itself, or an encoder-decoder's two."""
+    return {"encoder.": model.encoder, "decoder.": model.decoder} if hasattr(model, "encoder") else {"": model}
 
 
 def shard_model(model: nn.Module, mesh: Any, mp_policy: Any) -> list[str]:
-    """Apply ``fully_shard`` to every Transformer block of ``model`` (an ``XfamModel`` or an encoder-decoder's
-    two stacks), then to ``model`` itself; returns the names of the per-block units. Blocks stay in the root unit,
-    gathered once per forward, where per-block units cannot work (``per_block``)."""
+    """Apply ``fully_shard`` to every Transformer block of ``model``'s stacks, then to ``model`` itself; returns the
+    names of the per-block units. A stack's blocks stay in the root unit, gathered once per forward, where units of
+    their own cannot work (``whole_stack_reason``)."""
     from torch.distributed.fsdp import fully_shard
 
     units = []
-    stacks = {"encoder.": model.encoder, "decoder.": model.decoder} if hasattr(model, "encoder") else {"": model}
-    for prefix, stack in stacks.items():
-        if not per_block(stack):
+    for prefix, stack in stacks(model).items():
+        if whole_stack_reason(stack) is not None:
             continue
         for i, block in enumerate(stack.blocks):
             fully_shard(block, mesh=mesh, mp_policy=mp_policy)
             units.append(f"{prefix}blocks.{i}")
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     return units
-
-
-def per_block(stack: nn.Module) -> bool:
-    """Whether each block of ``stack`` can be an FSDP unit of its own, all-gathered around its own forward
-    (``whole_stack_reason`` says why not)."""
-    return whole_stack_reason(stack) is None
 
 
 def whole_stack_reason(stack: nn.Module) -> str | None:
@@ -96,15 +88,13 @@ def whole_stack_reason(stack: nn.Module) -> str | None:
 
 def sharding_plan(model: nn.Module, processes: int | None) -> str:
     """The log line of how ``model`` is sharded (``shard_model``), for the run's log before launch."""
-    stacks = {"encoder ": model.encoder, "decoder ": model.decoder} if hasattr(model, "encoder") else {"": model}
-    parts = []
-    for prefix, stack in stacks.items():
-        why = whole_stack_reason(stack)
-        parts.append(f"{prefix}one unit per block ({len(stack.blocks)})" if why is None else f"{prefix}none ({why})")
+    reasons = {prefix.replace(".", " "): (whole_stack_reason(s), len(s.blocks)) for prefix, s in stacks(model).items()}
+    parts = [f"{p}one unit per block ({n})" if why is None else f"{p}none ({why})" for p, (why, n) in reasons.items()]
+    blocks_in_root = any(why is not None for why, _ in reasons.values())
     return (
         f"fsdp: parameters, gradients and AdamW state sharded over {processes or 'every'} process(es); units: "
         f"{', '.join(parts)}, and the root (embeddings, head, norms, memories, exit classifiers"
-        f"{', blocks' if any(whole_stack_reason(s) for s in stacks.values()) else ''})"
+        f"{', blocks' if blocks_in_root else ''})"
     )
 
 
@@ -164,7 +154,7 @@ class ShardedStrategy(ModelParallelStrategy):
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._save_group)
             self._pending = (future, tmp, path, checkpoint)
             return
-        with _disk_errors(path):
+        with disk_errors(path):
             dcp.save(state, checkpoint_id=str(tmp))  # every rank's shards; returns once DCP's .metadata is written
             self._seal(tmp, path, checkpoint)
         self.barrier()
@@ -183,7 +173,7 @@ class ShardedStrategy(ModelParallelStrategy):
             return
         future, tmp, path, meta = self._pending
         self._pending = None
-        with _disk_errors(path):
+        with disk_errors(path):
             future.result()  # this rank's shards written (on rank 0, DCP's coordinator: .metadata too)
             self._seal(tmp, path, meta)
             if self.is_global_zero:
@@ -221,17 +211,6 @@ class ShardedStrategy(ModelParallelStrategy):
             self._removals.append(Path(filepath))
         elif self.is_global_zero:
             remove(Path(filepath))
-
-
-@contextlib.contextmanager
-def _disk_errors(path: Path) -> Iterator[None]:
-    """A full disk while writing ``path`` is one line (``disk_full``), as for single files."""
-    try:
-        yield
-    except OSError as err:
-        if is_disk_full(err):
-            raise disk_full(path) from err
-        raise
 
 
 class _ShardedSpawnLauncher(_MultiProcessingLauncher):

@@ -45,7 +45,7 @@ from xfam.eval.outputs import GeneratedTexts
 from xfam.eval.rollout import task_rollouts
 from xfam.eval.text_metrics import text_metrics
 from xfam.model.build import build_model
-from xfam.model.checkpoint import metadata
+from xfam.model.checkpoint import digest, metadata
 from xfam.model.transformer import ModelOutput
 from xfam.training.lit.optim import make_optimizer
 
@@ -285,7 +285,7 @@ def rank_state(ranks: list[dict[str, Any]], rank: int, world: int) -> dict[str, 
     batch is unchanged (``xfam.training.resume.check_processes`` refuses a changed one before launch)."""
     if len(ranks) == world:
         return ranks[rank]
-    if any(not _same(r["rng"], ranks[0]["rng"]) for r in ranks):
+    if len({digest(r["rng"]) for r in ranks}) > 1:
         log_once(f"resume on {world} processes from {len(ranks)}: the ranks' random states differ; rank 0's is used")
     memory = ranks[0]["memory"]
     if memory is not None:
@@ -304,16 +304,6 @@ def _regroup(states: list[Any], rank: int, world: int) -> Any:
     if isinstance(first, dict):
         return {k: _regroup([s[k] for s in states], rank, world) for k in first}
     return first
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, Tensor):
-        return isinstance(b, Tensor) and torch.equal(a, b)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
 
 
 def _to_cpu(x: Any) -> Any:

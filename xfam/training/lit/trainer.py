@@ -15,11 +15,12 @@ from lightning.pytorch import callbacks as cb
 from lightning.pytorch import loggers
 
 from xfam.config.specs import CallbacksSpec, LoggerSpec, wandb_credentials, wandb_online_problem
+from xfam.config.trainer_args import SHARDED_STRATEGIES
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log, quiet_lightning
 from xfam.training.lit.callbacks import LogProgress, LossCurve, MatmulPrecision, StepProgressBar, Throughput
 from xfam.training.lit.checkpoint import AtomicCheckpointIO
-from xfam.training.lit.fsdp import SHARDED, ShardedStrategy
+from xfam.training.lit.fsdp import ShardedStrategy
 from xfam.training.lit.nonfinite import NonFiniteGuard
 from xfam.training.lit.preempt import Preemption, cluster_plugins
 from xfam.training.lit.resume_logs import ContinuedCSVLogger, ContinuedTensorBoardLogger
@@ -119,7 +120,7 @@ def sharded_strategy(trainer_kw: dict[str, Any], async_save: bool = False) -> Sh
     ``callbacks.async_save``."""
     precision = str(trainer_kw.get("precision", "32-true"))
     dtype = torch.bfloat16 if precision == "bf16-mixed" else None
-    return ShardedStrategy(spawn=SHARDED[str(trainer_kw["strategy"])], param_dtype=dtype, async_save=async_save)
+    return ShardedStrategy(spawn=trainer_kw["strategy"] == "fsdp_spawn", param_dtype=dtype, async_save=async_save)
 
 
 def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (), resume_step: int = 0) -> L.Trainer:
@@ -132,7 +133,7 @@ def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (
     precision = MatmulPrecision(trainer_kw.pop("matmul_precision", "highest"))
     if cbs.progress_bar == "none" or not sys.stdout.isatty():
         trainer_kw["enable_progress_bar"] = False
-    sharded = str(trainer_kw.get("strategy")) in SHARDED
+    sharded = str(trainer_kw.get("strategy")) in SHARDED_STRATEGIES
     if sharded:
         trainer_kw["strategy"] = sharded_strategy(trainer_kw, cbs.async_save)
     return L.Trainer(
