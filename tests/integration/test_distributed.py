@@ -49,6 +49,30 @@ def val_losses(run_dir: Path) -> dict[int, float]:
     return out
 
 
+def trains_as_one_process(run_dir: Path, one: Path, ranks: int = 2) -> dict:
+    """The checks of a data-parallel run (DDP, FSDP, several nodes) against one process reading the same rows per
+    step: the validation losses (``RTOL``), the weights after 9 steps (1e-3), and every rank's own memory streams,
+    which differ and together are the one-process streams. Returns the run's last checkpoint (``read``)."""
+    from xfam.model.checkpoint import read, weights
+
+    two, single = val_losses(run_dir), val_losses(one)
+    assert sorted(two) == sorted(single) == [2, 5, 8]
+    for step in two:
+        assert two[step] == pytest.approx(single[step], rel=RTOL), step
+    last = run_dir / "checkpoints" / "last.ckpt"
+    a, b = read(last), read(one / "checkpoints" / "last.ckpt")  # (a file, or a sharded run's folder)
+    a_weights = weights(last, a)
+    assert a_weights.keys() == b["state_dict"].keys()
+    for name, p in b["state_dict"].items():
+        assert torch.allclose(a_weights[name], p, rtol=1e-3, atol=1e-5), name
+    first_layer = lambda r: r["memory"]["layers"][0]["h"]  # noqa: E731
+    streams = a["xfam_resume"]["ranks"]
+    assert len(streams) == ranks and not torch.equal(first_layer(streams[0]), first_layer(streams[1]))
+    together = torch.cat([first_layer(r) for r in streams])  # [B x ranks, mem_len, dim]
+    assert torch.allclose(together, first_layer(b["xfam_resume"]["ranks"][0]), atol=1e-4)
+    return a
+
+
 def run(args: list[str], runs: Path) -> Path:
     res = run_cli(["train.py", "name=d", *args], env={"XFAM_RUNS": str(runs)}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -65,14 +89,7 @@ def ddp_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow  # two DDP runs and one single-process run: ~35 s
 def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run: Path, corpus: Path, tmp_path: Path) -> None:
     one = run([*STATEFUL, *data(corpus, 8)], tmp_path)  # one process, 8 rows: the same rows per step
-    ddp, single = val_losses(ddp_run), val_losses(one)
-    assert sorted(ddp) == sorted(single) == [2, 5, 8]
-    for step in ddp:
-        assert ddp[step] == pytest.approx(single[step], rel=RTOL), step
-    a = torch.load(ddp_run / "checkpoints" / "last.ckpt", weights_only=False)
-    b = torch.load(one / "checkpoints" / "last.ckpt", weights_only=False)
-    for name, p in b["state_dict"].items():
-        assert torch.allclose(a["state_dict"][name], p, rtol=1e-3, atol=1e-5), name
+    a = trains_as_one_process(ddp_run, one)
     # the test split is evaluated in fresh spawned processes: its row still carries the trained step
     for run_dir in (ddp_run, one):
         with open(run_dir / "logs" / "version_0" / "metrics.csv") as fh:
@@ -81,15 +98,10 @@ def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run: Path, corpu
     assert sorted(p.relative_to(ddp_run) for p in ddp_run.rglob("*")) == sorted(
         p.relative_to(one) for p in one.rglob("*")
     )
-    # each rank's state is saved: its own memory streams (different rows), and the position in the epoch
+    # each rank's state is saved (its own streams: trains_as_one_process), and the position in the epoch
     ranks = a["xfam_resume"]["ranks"]
     assert len(ranks) == 2 and a["xfam_resume"]["batches_in_epoch"] == 9
     assert all(m["h"].shape == (4, 24, 32) for r in ranks for m in r["memory"]["layers"])
-    assert not torch.equal(ranks[0]["memory"]["layers"][0]["h"], ranks[1]["memory"]["layers"][0]["h"])
-    # ... and together they are the one-process memory of 8 streams
-    first_layer = lambda r: r["memory"]["layers"][0]["h"]  # noqa: E731
-    together = torch.cat([first_layer(r) for r in ranks])
-    assert torch.allclose(together, first_layer(b["xfam_resume"]["ranks"][0]), atol=1e-4)
 
 
 @pytest.mark.slow

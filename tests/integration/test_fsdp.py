@@ -25,7 +25,7 @@ import yaml
 
 from tests.integration.helpers import ROOT, compose_cfg, run_cli
 from tests.integration.test_crash_safety import same_losses
-from tests.integration.test_distributed import RTOL, STATEFUL, data, val_losses
+from tests.integration.test_distributed import RTOL, STATEFUL, data, trains_as_one_process, val_losses
 from tests.integration.test_train import step_losses
 from xfam.core.errors import ConfigError
 from xfam.model import sharded
@@ -55,29 +55,16 @@ def one_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_fsdp_trains_as_one_process_with_the_same_global_batch(fsdp_run: Path, one_run: Path) -> None:
-    fsdp, one = val_losses(fsdp_run), val_losses(one_run)
-    assert sorted(fsdp) == sorted(one) == [2, 5, 8]
-    for step in fsdp:
-        assert fsdp[step] == pytest.approx(one[step], rel=RTOL), step
     last = fsdp_run / "checkpoints" / "last.ckpt"
     assert last.is_symlink() and os.readlink(last) == "step-0000009.ckpt" and sharded.is_sharded(last)
-    weights = sharded.full_state(last, {"state_dict"})["state_dict"]
-    single = torch.load(one_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert weights.keys() == single.keys()
-    for name, p in single.items():
-        assert torch.allclose(weights[name], p, rtol=1e-3, atol=1e-5), name
+    saved = trains_as_one_process(fsdp_run, one_run)  # every rank read its own rows: its memory streams differ
     # only rank 0 writes the run's files: the same ones as a one-process run's, checkpoints aside
     files = lambda d: {p.relative_to(d) for p in d.rglob("*") if "checkpoints" not in p.parts}  # noqa: E731
     assert files(fsdp_run) == files(one_run)
     # what the spawned ranks chose is in the run's log, as a one-process run's is
     assert "optimizer: fused AdamW" in (fsdp_run / "train.log").read_text()
     assert "units: one unit per block (2)" in (fsdp_run / "train.log").read_text()
-    # every rank read its own rows: its memory streams differ, and together they are the one-process streams
-    ranks = read(last)["xfam_resume"]["ranks"]
-    h = [r["memory"]["layers"][0]["h"] for r in ranks]
-    assert len(ranks) == 2 and h[0].shape == (4, 24, 32) and not torch.equal(h[0], h[1])
-    one_h = torch.load(one_run / "checkpoints" / "last.ckpt", weights_only=True)["xfam_resume"]["ranks"][0]
-    assert torch.allclose(torch.cat(h), one_h["memory"]["layers"][0]["h"], atol=1e-4)
+    assert all(r["memory"]["layers"][0]["h"].shape == (4, 24, 32) for r in saved["xfam_resume"]["ranks"])
 
 
 def test_each_rank_holds_half_of_every_parameter_and_its_optimizer_state(fsdp_run: Path) -> None:

@@ -252,27 +252,13 @@ def files(run_dir: Path) -> list[Path]:
 
 def check_two_nodes(runs: Path, c: Cluster, one: Path) -> Path:
     """The assertions every 2-node run shares (see the module docstring); returns its run directory."""
-    import torch
-
-    from tests.integration.test_distributed import RTOL, val_losses
+    from tests.integration.test_distributed import trains_as_one_process
 
     run_dir = the_run(runs)
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in c.output(1), c.tails()  # node 1 is global rank 1
     assert not any(c.cwd.iterdir()), list(c.cwd.iterdir())  # nothing in the shared working directory
     assert files(run_dir) == files(one)  # only rank 0 writes: nothing per rank or per node
-    two, single = val_losses(run_dir), val_losses(one)
-    assert sorted(two) == sorted(single) == [2, 5, 8]
-    for step in two:
-        assert two[step] == pytest.approx(single[step], rel=RTOL), step
-    a = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-    b = torch.load(one / "checkpoints" / "last.ckpt", weights_only=False)
-    for name, p in b["state_dict"].items():
-        assert torch.allclose(a["state_dict"][name], p, rtol=1e-3, atol=1e-5), name
-    ranks = a["xfam_resume"]["ranks"]  # each global rank's own memory streams, from its own rows
-    first_layer = lambda r: r["memory"]["layers"][0]["h"]  # noqa: E731
-    assert len(ranks) == NODES and not torch.equal(first_layer(ranks[0]), first_layer(ranks[1]))
-    together = torch.cat([first_layer(r) for r in ranks])  # [8, mem_len, dim]
-    assert torch.allclose(together, first_layer(b["xfam_resume"]["ranks"][0]), atol=1e-4)
+    trains_as_one_process(run_dir, one, ranks=NODES)  # each global rank its own rows and memory streams
     return run_dir
 
 
@@ -336,9 +322,9 @@ def test_torchrun_nodes_killed_then_relaunched_continue_exactly(
 
 @pytest.mark.slow  # one 2-node FSDP run (the one-process run is shared): ~25 s
 def test_torchrun_two_nodes_train_sharded_as_one_process(corpus: Path, one_process: Path, tmp_path: Path) -> None:
-    """``trainer=fsdp`` (FSDP2, the ranks started by torchrun, not by Lightning) over 2 "nodes": the validation
-    losses of one process with the global batch, and sharded checkpoints with one shard file per node's rank."""
-    from tests.integration.test_distributed import RTOL, val_losses
+    """``trainer=fsdp`` (FSDP2, the ranks started by torchrun, not by Lightning) over 2 "nodes": the training of one
+    process with the global batch, and sharded checkpoints with one shard file per node's rank."""
+    from tests.integration.test_distributed import trains_as_one_process
 
     fsdp = ["trainer=fsdp_cpu", "trainer.strategy=fsdp", "trainer.num_nodes=2", "trainer.devices=1"]
     args = ["name=d", *run_args(corpus, 4), *fsdp]
@@ -349,10 +335,7 @@ def test_torchrun_two_nodes_train_sharded_as_one_process(corpus: Path, one_proce
         assert c.wait() == [0] * NODES, c.tails()
     run_dir = the_run(tmp_path / "runs")
     assert "units: one unit per block (2)" in c.output(0)
-    two, single = val_losses(run_dir), val_losses(one_process)
-    assert sorted(two) == sorted(single) == [2, 5, 8]
-    for step in two:
-        assert two[step] == pytest.approx(single[step], rel=RTOL), step
+    trains_as_one_process(run_dir, one_process, ranks=NODES)
     shards = sorted(p.name for p in (run_dir / "checkpoints" / "last.ckpt").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
 
