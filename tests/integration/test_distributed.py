@@ -104,22 +104,31 @@ def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run: Path, corpu
     assert all(m["h"].shape == (4, 24, 32) for r in ranks for m in r["memory"]["layers"])
 
 
-@pytest.mark.slow
-def test_ddp_killed_then_resumed_continues_exactly(ddp_run: Path, corpus: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "XFAM_RUNS": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+def killed_then_resumed(args: list[str], runs: Path, step: int) -> tuple[Path, int]:
+    """Run ``train.py <args>`` (a multi-process run) in ``runs``, kill its whole process tree once the checkpoint of
+    ``step`` exists (a preempted node), resume it with ``ckpt_path=auto`` to the end; returns the run folder and
+    the last step logged before the kill."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "XFAM_RUNS": str(runs), "PYTHONUNBUFFERED": "1"}
     env.pop("XFAM_DEBUG", None)
-    args = [sys.executable, "train.py", "name=d", *STATEFUL, *data(corpus, 4), "trainer=ddp_cpu"]
+    command = [sys.executable, "train.py", "name=d", *args]
     proc = subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("d/*/checkpoints/step-0000003.ckpt")) and time.monotonic() < deadline:
+    while not list(runs.glob(f"d/*/checkpoints/step-{step:07d}.ckpt")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks, as a preempted node
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank
     assert proc.wait() == -signal.SIGKILL
-    (run_dir,) = tmp_path.glob("d/*")
-    assert max(step_losses(run_dir)) < 8, "killed mid-run"
-    res = subprocess.run([*args, "ckpt_path=auto"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    (run_dir,) = runs.glob("d/*")
+    killed_at = max(step_losses(run_dir))
+    res = subprocess.run([*command, "ckpt_path=auto"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    return run_dir, killed_at
+
+
+@pytest.mark.slow
+def test_ddp_killed_then_resumed_continues_exactly(ddp_run: Path, corpus: Path, tmp_path: Path) -> None:
+    run_dir, killed_at = killed_then_resumed([*STATEFUL, *data(corpus, 4), "trainer=ddp_cpu"], tmp_path, 3)
+    assert killed_at < 8, "killed mid-run"
     same_losses(step_losses(run_dir), step_losses(ddp_run))
     same_losses(val_losses(run_dir), val_losses(ddp_run))  # a kill after a checkpoint loses its validation row

@@ -96,7 +96,7 @@ def test_corpus_reads_back_as_listops_ids(tmp_path: Path) -> None:
     source.prepare()
     eos, files = source.eos_id, [e for e in source.manifest["files"] if e["split"] == "train"]
     expected = [t for e in files for t in [*(tmp_path / "corpus" / Path(e["path"]).name).read_bytes(), eos]]
-    rows = source.split("train").with_format(None)["tokens"]
+    rows = source.split("train")["tokens"].tolist()  # [rows, S + 1]
     stream = list(rows[0]) + [t for row in rows[1:] for t in row[1:]]  # rows overlap by one token
     assert stream == expected[: len(stream)], "data=text's byte tokenizer reads the files' ids back exactly"
     assert set(stream) <= set(range(1, len(TOKENS))) | {eos}, "ListOps ids (no pad, no foreign byte) and EOS"

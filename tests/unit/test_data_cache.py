@@ -133,6 +133,7 @@ CHANGES: dict[str, list[tuple[dict, dict, bool]]] = {
         ({}, {"seed": 1}, True),  # the order of the documents in each split
         ({}, {"doc_mask": True}, False),  # collation only
         ({}, {"batch_size": 5}, False),
+        ({}, {"num_proc": 2}, False),  # the same shards on any number of processes
     ],
     "hf": [
         ({}, {"path": "hf2"}, True),
@@ -155,6 +156,12 @@ CHANGES: dict[str, list[tuple[dict, dict, bool]]] = {
         (PAIRS, {"source_len": 100}, True),
         (PAIRS, {"target_len": 100}, True),
         ({**PAIRS, "source_len": 2000, "target_len": 2000, "truncate": False}, {"truncate": True}, False),
+        ({}, {"num_proc": 2}, False),
+        # streaming reads no cache (tests/unit/test_streaming.py); its settings change nothing prepared
+        ({}, {"eval_rows": 10}, False),
+        ({}, {"shuffle_buffer": 0}, False),
+        ({}, {"exact_resume": False}, False),
+        ({}, {"streaming": False}, False),
     ],
     "seq2seq_toy": [
         ({}, {"kind": "addition"}, True),
@@ -177,12 +184,25 @@ def prepared(kind: str, params: dict[str, Any], cache: Path) -> Any:
     return src
 
 
-def contents(src: Any) -> dict[str, dict[str, list]]:
-    return {name: src.split(name).with_format(None)[:] for name in SPLITS}
+def contents(src: Any) -> dict[str, Any]:
+    """Every row of every split (token shards: the ``[rows, S + 1]`` tokens; else the ``datasets`` rows)."""
+    out = {}
+    for name in SPLITS:
+        split = src.split(name)
+        out[name] = split["tokens"].tolist() if hasattr(split, "stream") else split.with_format(None)[:]
+    return out
 
 
 def cache_files(src: Any) -> set[str]:
-    return {f["filename"] for name in SPLITS for f in src.split(name).cache_files}
+    """The files a prepared source reads its rows from (its token shards, or its ``datasets`` cache files)."""
+    files = set()
+    for name in SPLITS:
+        split = src.split(name)
+        if hasattr(split, "stream"):
+            files |= {str(split.stream.folder / f) for f in split.stream.files}
+        else:
+            files |= {f["filename"] for f in split.cache_files}
+    return files
 
 
 def resolve(params: dict[str, Any], data: dict[str, str]) -> dict[str, Any]:
@@ -217,7 +237,8 @@ def test_a_changed_parameter_never_reads_a_stale_cache(kind, base_extra, change,
     if changes_data:
         assert contents(new) != contents(old), "the change should alter the data (else this case proves nothing)"
         assert new.fingerprint != old.fingerprint
-        assert not cache_files(new) & cache_files(old), "a changed split must not share its cache file"
+        if not (set(change) == {"seq_len"} and kind in ("text", "hf")):  # (rows are cut from the same shards)
+            assert not cache_files(new) & cache_files(old), "a changed split must not share its cache file"
     else:
         assert contents(new) == contents(old)
 
@@ -240,7 +261,12 @@ def read_arrow(path: Path) -> pa.Table:
 
 
 def shorten(path: Path) -> None:
-    """Replace an Arrow cache file by a valid one holding its first half: it reads without an error."""
+    """Replace an Arrow cache file by a valid one holding its first half: it reads without an error (a token
+    shard: its first half of whole ids)."""
+    if path.suffix == ".bin":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 4 * 2])
+        return
     table = read_arrow(path)
     tmp = path.with_name(path.name + ".tmp")
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
@@ -249,9 +275,12 @@ def shorten(path: Path) -> None:
 
 
 def unit_of(path: Path, cache: Path) -> Path:
-    """The cache a file belongs to: its ``generated/<key>`` folder, else the file itself."""
+    """The cache a file belongs to: its ``generated/<key>`` folder, a split's ``shards/<key>/<split>`` folder,
+    else the file itself."""
     rel = path.relative_to(cache / "xfam").parts
-    return cache / "xfam" / "generated" / rel[1] if rel[0] == "generated" else path
+    if rel[0] == "generated":
+        return cache / "xfam" / "generated" / rel[1]
+    return cache / "xfam" / "shards" / rel[1] / rel[2] if rel[0] == "shards" else path
 
 
 @pytest.mark.parametrize("damage", ["truncated", "short"])
@@ -261,8 +290,8 @@ def test_a_damaged_cache_is_rebuilt_with_a_warning(label, damage, data, tmp_path
     cache = tmp_path / "cache"
     expected = contents(prepared(kind, params, cache))
     files = [p for p in cache.rglob("*") if p.is_file() and p.stat().st_size > 0]  # lock files are empty
-    if damage == "short":  # every Arrow file with at least two rows
-        files = [p for p in files if p.suffix == ".arrow" and read_arrow(p).num_rows > 1]
+    if damage == "short":  # every Arrow file with at least two rows, every token shard
+        files = [p for p in files if p.suffix == ".bin" or p.suffix == ".arrow" and read_arrow(p).num_rows > 1]
     assert files and all(p.is_relative_to(cache / "xfam") for p in files), "every cache file is xfam's"
     for path in files:
         truncate(path) if damage == "truncated" else shorten(path)

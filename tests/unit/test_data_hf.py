@@ -89,7 +89,7 @@ def test_fingerprint_is_stable_and_cached(saved):
     a.prepare()
     b = HFSource(path=str(saved["dict"]), join="eos", seq_len=16)
     b.prepare()
-    assert a.fingerprint == b.fingerprint and b.split("train").cache_files == a.split("train").cache_files
+    assert a.fingerprint == b.fingerprint and b.split("train").stream.files == a.split("train").stream.files
     c = HFSource(path=str(saved["dict"]), join="eos", seq_len=24)
     c.prepare()
     assert c.fingerprint != a.fingerprint

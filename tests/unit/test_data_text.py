@@ -11,7 +11,7 @@ import pytest
 
 from xfam.core.errors import ConfigError
 from xfam.data import DATA
-from xfam.data.packing import _Packer, pack_rows, unigram_entropy_bits
+from xfam.data.packing import pack_rows, unigram_entropy_bits
 from xfam.data.text import TextSource, _unit, discover
 from xfam.data.tokenize import ByteTokenizer
 
@@ -132,19 +132,6 @@ def test_pack_rows_overlap_by_one():
     assert pack_rows(np.arange(4), 4).shape == (0, 5)
 
 
-def test_packing_in_batches_equals_packing_the_whole_stream():
-    import pyarrow as pa
-
-    rng = np.random.default_rng(0)
-    docs = [rng.integers(0, 257, size=rng.integers(0, 30)).astype(np.uint16) for _ in range(40)]
-    packer = _Packer(7, "uint16")
-    got = []
-    for start in range(0, 40, 6):  # batches end in the middle of rows
-        table = pa.table({"ids": pa.array([d.tolist() for d in docs[start : start + 6]], pa.large_list(pa.uint16()))})
-        got += packer(table).column("tokens").to_pylist()
-    assert got == pack_rows(np.concatenate(docs), 7).tolist() and len(got) > 20
-
-
 def test_doc_mask_segments_change_exactly_at_document_boundaries(corpus):
     src = make(corpus, doc_mask=True)
     src.prepare()
@@ -193,24 +180,21 @@ def test_second_prepare_is_served_from_cache(corpus, hf_cache):
     second.prepare()
     after = {p: p.stat().st_mtime_ns for p in Path(hf_cache).rglob("*") if p.is_file()}
     assert second.fingerprint == first.fingerprint and after == files  # nothing written or rewritten
-    assert second.split("train").cache_files == first.split("train").cache_files
+    assert second.split("train").stream.files == first.split("train").stream.files
 
 
-@pytest.mark.parametrize("stage", ["ids", "rows"])
-def test_a_corrupt_cache_file_is_rebuilt_with_a_warning(stage, corpus, hf_cache, caplog):
+def test_a_corrupt_token_shard_is_rebuilt_with_a_warning(corpus, hf_cache, caplog):
     first = make(corpus, seq_len=20)
     first.prepare()
     rows = {name: [r["tokens"].tolist() for r in first.split(name)] for name in ("train", "validation", "test")}
-    files = [Path(f["filename"]) for name in rows for f in first.split(name).cache_files]
-    if stage == "ids":  # the token ids the rows were packed from: same folder, named ids-*
-        files = sorted((Path(hf_cache) / "xfam" / "lm").glob("ids-*.arrow"))
+    files = [first.split(name).stream.folder / f for name in rows for f in first.split(name).stream.files]
     assert files
-    for path in files:  # a crash mid-write, a bad copy
+    for path in files:  # a crash mid-copy, a bad copy
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
     second = make(corpus, seq_len=20)
     with caplog.at_level("WARNING", logger="xfam"):
         second.prepare()
-    assert any("cannot be read" in r.message and "rebuilding" in r.message for r in caplog.records)
+    assert sum("cannot be read" in r.message and "writing them again" in r.message for r in caplog.records) == 3
     assert {name: [r["tokens"].tolist() for r in second.split(name)] for name in rows} == rows
 
 
@@ -242,15 +226,11 @@ def test_bpe_is_trained_locally_and_round_trips(corpus, hf_cache):
 
 
 def test_unigram_entropy_bits():
-    from datasets import Dataset, Features, List, Value
-
-    ds = Dataset.from_dict({"tokens": [[97, 98, 97, 98, 256]]}, Features({"tokens": List(Value("uint16"), length=5)}))
     # targets b a b eos: eos excluded, p = (1/3, 2/3)
     expected = -(1 / 3 * np.log2(1 / 3) + 2 / 3 * np.log2(2 / 3))
-    assert unigram_entropy_bits(ds) == pytest.approx(expected)
+    assert unigram_entropy_bits([np.array([98, 97]), np.array([98, 256], dtype=np.uint16)]) == pytest.approx(expected)
     # token 0 = b"ab" stands for one a and one b: 1 bit per byte
-    two = Dataset.from_dict({"tokens": [[0, 0, 0]]}, Features({"tokens": List(Value("uint16"), length=3)}))
-    assert unigram_entropy_bits(two, [b"ab", b""]) == pytest.approx(1.0)
+    assert unigram_entropy_bits([np.array([0, 0])], [b"ab", b""]) == pytest.approx(1.0)
 
 
 def test_max_bytes_caps_each_split(corpus):
@@ -337,3 +317,30 @@ def test_a_text_corpus_gives_no_utf8_warning(corpus, caplog):
     with caplog.at_level("WARNING", logger="xfam"):
         make(corpus).prepare()
     assert not [r for r in caplog.records if "UTF-8" in r.getMessage()]
+
+
+def test_file_facts_are_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    """Start-up does not hash a large corpus again: a file whose size, mtime and inode are unchanged is not
+    read; a rewrite of the same size (another mtime) is; a file written just now is never remembered."""
+    import os
+
+    from xfam.data.text import FileFacts
+
+    memo, doc = tmp_path / "memo.json", tmp_path / "doc.txt"
+    doc.write_bytes(b"hello")
+    os.utime(doc, ns=(10**18, 10**18))
+    first = FileFacts(memo)
+    assert first.of(doc) == (5, hashlib.sha256(b"hello").hexdigest(), None)
+    first.save()
+    reads = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
+    assert FileFacts(memo).of(doc)[1] == hashlib.sha256(b"hello").hexdigest() and not reads
+    doc.write_bytes(b"j\x00llo")  # the same size, another mtime
+    os.utime(doc, ns=(10**18 + 1, 10**18 + 1))
+    assert FileFacts(memo).of(doc) == (5, hashlib.sha256(b"j\x00llo").hexdigest(), "binary") and reads == [doc]
+    fresh = tmp_path / "fresh.txt"
+    fresh.write_bytes(b"now")
+    racy = FileFacts(memo)
+    racy.of(fresh)
+    assert str(fresh) not in racy.known

@@ -26,6 +26,7 @@ from xfam.core.errors import ConfigError, unknown_choice
 from xfam.core.registry import check_params
 from xfam.core.schedule import per_layer
 from xfam.data.base import DATA
+from xfam.data.tokenize import load_pretrained
 from xfam.model import compat
 from xfam.model.init_from import FinetuneSpec, finetune_problems
 from xfam.model.inputs import TOKENS, input_problems
@@ -154,6 +155,41 @@ def _causal_problems(spec: ModelSpec, task: str, data: Any) -> list[str]:
     return []
 
 
+def _tokenizer_vocab_problems(data: Mapping[str, Any], vocab_size: int) -> list[str]:
+    """A pretrained tokenizer (``data.tokenizer=<path>``) whose ids do not fit ``model.vocab_size``, known before any
+    data is read (its vocabulary is in the file)."""
+    kind = data.get("tokenizer")
+    if kind in (None, "byte", "bpe"):
+        return []
+    ids = load_pretrained(kind).vocab_size
+    if ids <= vocab_size:
+        return []
+    return [
+        f"data.tokenizer={kind} has {ids} token ids, more than model.vocab_size={vocab_size}: its ids past "
+        f"{vocab_size - 1} would fall outside the embedding. Fix: model.vocab_size=null (take it from the tokenizer) "
+        f"or >= {ids}, or a tokenizer of at most {vocab_size} ids."
+    ]
+
+
+def _streaming_trainer_problems(trainer: dict[str, Any]) -> list[str]:
+    """A streamed train split never ends an epoch (``xfam.data.streaming``): training stops at a step count, and
+    validation runs every so many steps."""
+    problems = []
+    if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
+        problems.append(
+            f"data.streaming=true reads an endless stream, so training must stop at a step count, and "
+            f"trainer.max_steps={trainer.get('max_steps')}. Fix: trainer.max_steps=<steps>."
+        )
+    interval = trainer.get("val_check_interval")
+    if interval is not None and not isinstance(interval, int):
+        problems.append(
+            f"data.streaming=true has no epochs, so validation runs every so many steps, and "
+            f"trainer.val_check_interval={interval} is a fraction of an epoch. Fix: trainer.val_check_interval="
+            f"<steps>, e.g. 250."
+        )
+    return problems
+
+
 def _pair_length_problems(data: Mapping[str, Any], arch: str, spec: ModelSpec, sel: compat.Selection) -> list[str]:
     """Source/target pairs against a learned position table: an encoder-decoder's rows are the source and the
     target (each at most its length), a decoder-only model's one row holds both."""
@@ -218,6 +254,8 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         data_problems = DATA.check(cfg["data"], {})
         problems += data_problems
         data_cls = DATA.get(cfg["data"]["name"])
+        if cfg["data"].get("streaming"):
+            problems += _streaming_trainer_problems(cfg["trainer"])
     model_problems = check_params(ModelSpec, cfg["model"], "model", structural=())
     model_problems += _missing_keys(ModelSpec, cfg["model"], "model")
     problems += model_problems
@@ -225,6 +263,8 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(problems)
     spec = ModelSpec(**cfg["model"])
     problems += spec.problems()
+    if not data_problems and spec.vocab_size is not None:
+        problems += _tokenizer_vocab_problems(cfg["data"], spec.vocab_size)
     if spec.problems():
         raise ConfigError(problems)
     task_problems = check_params(TaskSpec, cfg["task"], "task", structural=())

@@ -28,8 +28,10 @@ from xfam.core.errors import ConfigError, unknown_choice
 from xfam.core.registry import Range
 from xfam.data.base import DATA, Task
 from xfam.data.hf_pairs import PAIR_KEYS, PairsMixin, is_pairs, pair_problems
-from xfam.data.packing import SPLITS, PackedLM
-from xfam.data.tokenize import short_hash
+from xfam.data.packing import FORMAT, SPLITS, PackedLM, no_eos_message
+from xfam.data.shards import ArrayStream, PackedRows
+from xfam.data.streaming import Opener, Packer, StreamedSplit, eval_tokens, is_data_folder
+from xfam.data.tokenize import build_tokenizer, short_hash, tokenizer_problems
 
 _TEXT_TYPES = ("string", "large_string")
 
@@ -76,6 +78,34 @@ def _split_problems(params: dict[str, Any], layout: dict[str, dict[str, Any]]) -
     return problems
 
 
+def _streaming_problems(params: dict[str, Any]) -> list[str]:
+    """Settings that do not go with ``streaming`` (or need it)."""
+    if not params["streaming"]:
+        if params["shuffle_buffer"]:
+            return [
+                "shuffle_buffer shuffles a stream, and data.streaming=false. Fix: data.streaming=true, or remove it."
+            ]
+        return []
+    problems = []
+    if is_pairs(params):
+        problems.append(
+            "streaming=true reads language-modelling text; pairs (source_column, target_column) are prepared. "
+            "Fix: data.streaming=false."
+        )
+    if params["tokenizer"] == "bpe":
+        problems.append(
+            "tokenizer=bpe is trained on the whole train split, which a stream never holds. Fix: data.tokenizer=byte, "
+            "a pretrained tokenizer (data.tokenizer=<tokenizer.json or folder>), or data.streaming=false."
+        )
+    if params["shuffle_buffer"] and params["exact_resume"]:
+        problems.append(
+            f"shuffle_buffer={params['shuffle_buffer']} makes a resume approximate (the documents held in the buffer "
+            "at a checkpoint are skipped: datasets does not save the buffer), and exact_resume=true demands an exact "
+            "one. Fix: data.shuffle_buffer=0 (the source's order), or data.exact_resume=false to accept it."
+        )
+    return problems
+
+
 @DATA.register("hf")
 class HFSource(PackedLM):
     """Language modelling on a hub or ``save_to_disk`` dataset's text column, packed like ``data=text``.
@@ -92,12 +122,20 @@ class HFSource(PackedLM):
         join: ``eos``: each row is a document followed by eos (empty rows dropped); ``concat``:
             rows are consecutive pieces of one text (wikitext's lines, which end in a newline) and
             are concatenated as they are, with no eos.
-        tokenizer / bpe_vocab_size / doc_mask / seq_len / batch_size / seed: as in ``data=text``
+        tokenizer / bpe_vocab_size / num_proc / doc_mask / seq_len / batch_size / seed: as in ``data=text``
             (``doc_mask`` needs ``join=eos``: it is the eos that marks a document boundary). Pairs
             read neither ``join``, ``doc_mask`` nor ``seq_len``.
         source_len / target_len / truncate: pairs only: the most source ids, the most decoder
             positions (BOS and the target ids), and whether longer pairs are cut (counted in the
             log) or refused (``xfam.data.seq2seq.fit_pairs``).
+        streaming: read the corpus lazily and tokenise it in the loader workers instead of preparing
+            token shards (``xfam.data.streaming``): for corpora too large to prepare. ``path`` may then
+            also be a local folder of data files (JSON lines, Parquet, CSV, text).
+        eval_rows: streaming only: the rows each evaluation split takes (from the start of its stream,
+            or of the documents carved from train), held in memory.
+        shuffle_buffer: streaming only: documents ``datasets`` shuffles in a buffer (0: the source's
+            order). A resume then skips the documents in the buffer: approximate.
+        exact_resume: streaming only: refuse settings whose resume is approximate (a shuffle buffer).
     """
 
     def __new__(cls, **params: Any) -> HFSource:
@@ -118,8 +156,9 @@ class HFSource(PackedLM):
         val_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
         test_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
         join: Literal["eos", "concat"] = "concat",
-        tokenizer: Literal["byte", "bpe"] = "byte",
+        tokenizer: str = "byte",
         bpe_vocab_size: Annotated[int, Range(ge=257)] = 4096,
+        num_proc: Annotated[int, Range(ge=1)] | None = None,
         doc_mask: bool = False,
         seq_len: Annotated[int, Range(ge=1)] = 256,
         source_len: Annotated[int, Range(ge=1)] = 256,
@@ -127,13 +166,19 @@ class HFSource(PackedLM):
         truncate: bool = False,
         batch_size: Annotated[int, Range(ge=1)] = 16,
         seed: int = 0,
+        streaming: bool = False,
+        eval_rows: Annotated[int, Range(ge=1)] = 256,
+        shuffle_buffer: Annotated[int, Range(ge=0)] = 0,
+        exact_resume: bool = True,
     ):
         self.path, self.config_name, self.text_column = path, config_name, text_column
+        self.streaming, self.eval_rows, self.shuffle_buffer = streaming, eval_rows, shuffle_buffer
         self.source_column, self.target_column = source_column, target_column
         self.split_names = {"train": train_split, "validation": validation_split, "test": test_split}
         self.fractions = {"validation": val_fraction, "test": test_fraction}
         self.join_eos = join == "eos"
         self.tokenizer_kind, self.bpe_vocab_size, self.doc_mask = tokenizer, bpe_vocab_size, doc_mask
+        self.num_proc = num_proc
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         pairs = {"source_column": source_column, "target_column": target_column}
         if problems := pair_problems(pairs):
@@ -148,8 +193,12 @@ class HFSource(PackedLM):
         return "seq2seq" if is_pairs(params) else cls.task
 
     @classmethod
+    def contiguous_for(cls, params: dict[str, Any]) -> bool:
+        return not params.get("streaming", False)  # streamed rows come from several units in turn
+
+    @classmethod
     def check(cls, params: dict[str, Any], ctx: Any) -> list[str]:
-        problems = pair_problems(params)
+        problems = pair_problems(params) + tokenizer_problems(params["tokenizer"])
         if params["doc_mask"] and params["join"] != "eos" and not is_pairs(params):
             problems.append("doc_mask=true needs join=eos (documents are delimited by eos). Fix: set data.join=eos.")
         carved = [params["val_fraction"]] * (params["validation_split"] is None)
@@ -166,10 +215,13 @@ class HFSource(PackedLM):
                 )
             elif name is not None:
                 roles[name] = k
+        problems += _streaming_problems(params)
         local = Path(params["path"]).expanduser()
         if local.is_dir():
             layout = _local_layout(local)
-            if layout is None:
+            if layout is None and params["streaming"] and is_data_folder(local):
+                pass  # a folder of data files, which datasets streams by their type
+            elif layout is None:
                 problems.append(
                     f"path={params['path']!r} is a folder but not a datasets save_to_disk folder (no "
                     "dataset_dict.json or state.json). Fix: pass a save_to_disk folder, or use data=text "
@@ -184,6 +236,61 @@ class HFSource(PackedLM):
             )
         return problems
 
+    def prepare(self) -> None:
+        if not self.streaming:
+            return super().prepare()
+        if getattr(self, "_splits", None):
+            return
+        tok = build_tokenizer(self.tokenizer_kind, self.bpe_vocab_size, "", ())  # byte or pretrained (check())
+        self.tokenizer, self.vocab_size, self.token_bytes = tok, tok.vocab_size, list(tok.token_bytes)
+        self.eos_id = tok.eos_id if self.join_eos else None
+        if self.join_eos and tok.eos_id is None:
+            raise ConfigError(no_eos_message("hf", self.tokenizer_kind, tok))
+        packer = Packer(tok, self.eos_id, self.seq_len, self.batch_size)
+        carved = {name: self.fractions[name] for name in ("validation", "test") if self.split_names[name] is None}
+        train = self.split_names["train"]
+        self._splits, stats = {}, {}
+        for name in ("validation", "test"):
+            opener = Opener(self.path, self.config_name, self.split_names[name] or train, 0, self.seed)
+            try:
+                ids = eval_tokens(
+                    opener, self.text_column, packer, self.eval_rows, name, carved if name in carved else {}
+                )
+            except (OSError, ValueError) as err:
+                raise self._load_error(err) from err
+            rows = PackedRows(ArrayStream(ids), self.seq_len)
+            if len(rows) == 0:
+                raise ConfigError(
+                    f"data=hf: the streamed {name} split has {len(ids)} tokens, fewer than seq_len + 1 = "
+                    f"{self.seq_len + 1}, so it makes no row. Fix: lower data.seq_len, or name a larger split."
+                )
+            self._splits[name] = rows
+            stats[name] = {"tokens": len(rows.stream), "rows": len(rows)}
+        opener = Opener(self.path, self.config_name, train, self.shuffle_buffer, self.seed)
+        self._splits["train"] = StreamedSplit(opener, self.text_column, packer, carved)
+        corpus = {
+            "source": "hf",
+            "streaming": True,
+            "path": self.path,
+            "config_name": self.config_name,
+            "text_column": self.text_column,
+            "splits_from": self.split_names,
+            "carved": carved,
+            "shuffle_buffer": self.shuffle_buffer,
+            "seed": self.seed if self.shuffle_buffer else None,
+        }
+        self.fingerprint = short_hash(FORMAT, "stream", corpus, tok.config, self.join_eos, self.seq_len, self.eval_rows)
+        stats["train"] = {"streamed": True}
+        self.manifest = {
+            **corpus,
+            "tokenizer": tok.config,
+            "join": "eos" if self.join_eos else "concat",
+            "seq_len": self.seq_len,
+            "eval_rows": self.eval_rows,
+            "splits": stats,
+            "fingerprint": self.fingerprint,
+        }
+
     def _load(self) -> dict[str, Any]:
         import datasets
 
@@ -194,19 +301,26 @@ class HFSource(PackedLM):
         try:
             return dict(datasets.load_dataset(self.path, self.config_name))
         except (OSError, ValueError) as err:
-            what = f"data=hf: dataset {self.path!r} (config {self.config_name!r})"
-            save = (
-                "or, where there is network, save it with DatasetDict.save_to_disk(folder) and pass data.path=<folder>."
+            raise self._load_error(err) from err
+
+    def _load_error(self, err: Exception) -> ConfigError:
+        """The refusal of a dataset ``datasets`` could not load (offline and not cached, a bad name ...)."""
+        import datasets
+
+        what = f"data=hf: dataset {self.path!r} (config {self.config_name!r})"
+        if Path(self.path).expanduser().exists():
+            return ConfigError(
+                f"{what} could not be read: {err}. Fix: check data.path, data.text_column and the split names "
+                f"(data.train_split, data.validation_split, data.test_split; null carves one from train)."
             )
-            if datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE:
-                raise ConfigError(
-                    f"{what} is not available offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set and it is not "
-                    f"in the local cache). Fix: unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE on a machine with "
-                    f"network, {save}"
-                ) from err
-            raise ConfigError(
-                f"{what} could not be loaded: {err}. Fix: check data.path and data.config_name, {save}"
-            ) from err
+        save = "or, where there is network, save it with DatasetDict.save_to_disk(folder) and pass data.path=<folder>."
+        if datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE:
+            return ConfigError(
+                f"{what} is not available offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set and it is not "
+                f"in the local cache). Fix: unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE on a machine with "
+                f"network, {save}"
+            )
+        return ConfigError(f"{what} could not be loaded: {err}. Fix: check data.path and data.config_name, {save}")
 
     def documents(self) -> tuple[dict[str, Any], str, str, dict[str, Any]]:
         docs, corpus_fp, corpus = self.load_splits({"text_column": self.text_column})

@@ -7,6 +7,10 @@ creating an iterator never draws from the global RNG that dropout uses.
 
 With ``streams`` (the memory slot) validation and test use the stream layout too, so memory is
 carried through evaluation; the last ``rows mod (B * ranks)`` rows of a split are then left out.
+
+A streamed train split (``data=hf data.streaming=true``, ``xfam.data.streaming``) is read by an iterable
+dataset whose workers tokenise: each batch carries its unit's position, which ``on_before_batch_transfer``
+takes off the batch (the model never sees it) and keeps for the checkpoint (``stream_state``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch.utils.data import DataLoader
 from xfam.core.errors import ConfigError
 from xfam.data.base import DataSource, Split
 from xfam.data.sampler import ResumableBatchSampler
+from xfam.data.streaming import POSITION, StreamCollate, StreamedSplit
 
 
 def _dist() -> tuple[int, int]:
@@ -52,6 +57,9 @@ class XfamDataModule(L.LightningDataModule):
         self.train_sampler: ResumableBatchSampler | None = None
         # (batches, epoch, rows per batch over all ranks) a checkpoint says were consumed
         self._resume: tuple[int, int | None, int | None] = (0, None, None)
+        # A streamed train split: the position of each unit's last batch trained on, and the batches consumed.
+        self._positions: dict[int, dict[str, Any]] = {}
+        self._consumed = 0
 
     def prepare_data(self) -> None:
         self.source.prepare()
@@ -59,17 +67,48 @@ class XfamDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self.source.prepare()  # cached: cheap after prepare_data, and needed in spawned ranks
 
-    def resume_at(self, batches: int, epoch: int | None = None, global_batch: int | None = None) -> None:
+    def resume_at(
+        self, batches: int, epoch: int | None = None, global_batch: int | None = None, stream: dict | None = None
+    ) -> None:
         """Skip the ``batches`` batches of epoch ``epoch`` a checkpoint consumed, if training resumes in that
         epoch; ``global_batch``: their rows over all ranks, when it may differ from this run's (a resume on
-        another number of processes; ``ResumableBatchSampler.skip``)."""
+        another number of processes; ``ResumableBatchSampler.skip``). ``stream``: this rank's ``stream_state``
+        in the checkpoint (a streamed train split)."""
         self._resume = (batches, epoch, global_batch)
+        if stream is not None:
+            self._positions = {int(u): p for u, p in stream["positions"].items()}
+            self._consumed = stream["batches"]
         if self.train_sampler is not None:
             self.train_sampler.skip(batches, epoch, global_batch)
+
+    def stream_state(self) -> dict[str, Any] | None:
+        """A streamed train split's position on this rank (None otherwise): each unit's last batch trained on."""
+        if not isinstance(self.source.split("train"), StreamedSplit):
+            return None
+        _, world = _dist()
+        units = world * max(1, self.num_workers)
+        return {"units": units, "batches": self._consumed, "positions": dict(self._positions)}
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, dict) and POSITION in batch:
+            position = batch.pop(POSITION)
+            self._positions[position["unit"]] = position
+            self._consumed += 1
+        return batch
 
     def train_dataloader(self) -> DataLoader:
         rank, world = _dist()
         rows = self.source.split("train")
+        if isinstance(rows, StreamedSplit):
+            workers = max(1, self.num_workers)
+            dataset = rows.dataset(rank, world, dict(self._positions), rotation=self._consumed % workers)
+            return DataLoader(
+                dataset,
+                batch_size=None,
+                collate_fn=StreamCollate(self.collate),
+                num_workers=self.num_workers,
+                persistent_workers=self.num_workers > 0,
+            )
         self.train_sampler = ResumableBatchSampler(
             len(rows),
             self.source.batch_size,

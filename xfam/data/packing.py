@@ -8,26 +8,30 @@ text concatenates them instead), the documents of a split form one token stream
 every stream token after the first is a target exactly once, and row k+1 continues row k
 (``contiguous = True``). The last ``< S`` targets of a split that do not fill a row are dropped.
 
-Both stages, documents -> ids and ids -> rows, are ``datasets.map`` calls whose cache files are
-named by fingerprints of everything that changes their output (document contents, tokenizer,
-``seq_len``), so a second ``prepare`` only memory-maps them; a cache file that cannot be used is
-rebuilt with a warning (``xfam.data.cache``). Tokens are stored in the smallest
-unsigned dtype (uint16 for the byte tokenizer); torch formatting widens them to int64.
+The documents -> ids stage writes each split's stream once, in parallel (``data.num_proc``
+processes, default every available core), as token shards in the smallest unsigned dtype that holds
+the vocabulary (uint16 for the byte tokenizer and GPT-2's, uint32 past 65,536 ids), in a folder named
+by a hash of everything that changes the ids (document contents, tokenizer, eos joining): see
+``xfam.data.shards`` (resumable, checked in constant time on load, rebuilt with a warning when
+damaged). The ids -> rows stage is not stored: ``PackedRows`` reads each row from the memory-mapped
+shards when the loader asks for it, so ``seq_len`` can change without tokenising again and start-up
+does not grow with the corpus. The fingerprint (which checkpoints record) depends on the rows' contents
+only, not on how they are stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from xfam.core.errors import ConfigError
 from xfam.data.base import DataSource
-from xfam.data.cache import Check, cached_generate, cached_map, rows_check
-from xfam.data.tokenize import build_tokenizer, short_hash, token_dtype
+from xfam.data.cache import cached_generate, rows_check
+from xfam.data.shards import SHARD_FORMAT, Encoder, PackedRows, TokenStream, available_cores, prepare_split
+from xfam.data.tokenize import build_tokenizer, cache_root, short_hash, token_dtype
 
 SPLITS = ("train", "validation", "test")
 #: Enters every cache key: bump it when the stored form of ids or rows changes.
@@ -45,45 +49,20 @@ def pack_rows(stream: np.ndarray, seq_len: int) -> np.ndarray:
     return np.ascontiguousarray(windows[::seq_len][:n])
 
 
-class _Encoder:
-    """``datasets.map`` function: a table of documents -> a table with one ``ids`` list per non-empty one."""
-
-    def __init__(self, tokenizer: Any, column: str, eos_id: int | None, dtype: str):
-        self.tokenizer, self.column, self.eos_id, self.dtype = tokenizer, column, eos_id, dtype
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        docs = [d for d in table.column(self.column).to_pylist() if d]
-        arrays = [a.astype(self.dtype, copy=False) for a in self.tokenizer.encode_docs(docs)]
-        if self.eos_id is not None:
-            arrays = [np.append(a, np.array(self.eos_id, dtype=self.dtype)) for a in arrays]
-        offsets = np.cumsum([0] + [len(a) for a in arrays], dtype=np.int64)
-        values = np.concatenate(arrays) if arrays else np.zeros(0, dtype=self.dtype)
-        return pa.table({"ids": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))})
+def doc_bytes(ds: Any, column: str) -> np.ndarray:
+    """Bytes of text in each document of ``ds`` (str as UTF-8, or bytes; null counts 0), from Arrow's offsets."""
+    col = ds.with_format("arrow")[column]
+    return pc.fill_null(pc.binary_length(col), 0).to_numpy(zero_copy_only=False)
 
 
-class _Packer:
-    """``datasets.map`` function over batches of ``ids``, in order, carrying the unfinished row.
-
-    Stateful on purpose: ``map`` runs batches in order in one process (no ``num_proc``), and the
-    carry makes the output identical to ``pack_rows`` of the whole stream with bounded memory.
-    """
-
-    def __init__(self, seq_len: int, dtype: str):
-        self.seq_len, self.carry = seq_len, np.zeros(0, dtype=dtype)
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        flat = table.column("ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        stream = np.concatenate([self.carry, flat.astype(self.carry.dtype, copy=False)])
-        rows = pack_rows(stream, self.seq_len)
-        self.carry = stream[len(rows) * self.seq_len :]  # the last row's final token opens the next row
-        tokens = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), self.seq_len + 1)
-        return pa.table({"tokens": tokens})
-
-
-def non_empty(ds: Any, column: str) -> int:
-    """Rows of ``ds`` whose ``column`` (text or bytes) is neither null nor empty: the documents ``_Encoder`` keeps."""
-    lengths = pc.binary_length(ds.with_format("arrow")[column].combine_chunks())
-    return int(pc.sum(pc.greater(lengths, 0)).as_py() or 0)
+def no_eos_message(owner: str, kind: str, tokenizer: Any) -> str:
+    """The refusal of a tokenizer without an end-of-document token where documents are joined with one."""
+    special = ", ".join(getattr(tokenizer, "special_tokens", [])) or "none"
+    return (
+        f"data={owner}: tokenizer {kind} has no end-of-document token (its special tokens: {special}), and documents "
+        f"are joined with one. Fix: a tokenizer folder whose tokenizer_config.json names eos_token"
+        + (", or data.join=concat." if owner == "hf" else ".")
+    )
 
 
 def get_split(splits: dict[str, Any], name: str, owner: str) -> Any:
@@ -94,18 +73,20 @@ def get_split(splits: dict[str, Any], name: str, owner: str) -> Any:
     return splits[name]
 
 
-def unigram_entropy_bits(split: Any, id_bytes: list[bytes] | None = None) -> float:
+def unigram_entropy_bits(targets: Iterable[np.ndarray], id_bytes: list[bytes] | None = None) -> float:
     """Entropy in bits per byte of the byte-unigram distribution of a packed LM split.
 
-    Counts the bytes of every target token (``tokens[:, 1:]`` of each row: each stream token once)
-    and leaves out tokens that stand for no byte (``eos``). ``id_bytes[i]`` is the byte string of
+    ``targets``: every target token of the split once (``PackedRows.targets()``: ``stream[1 : 1 + rows * S]``,
+    in pieces); tokens that stand for no byte (``eos``) are left out. ``id_bytes[i]`` is the byte string of
     token i (``tokenizer.id_bytes()``); None means ids 0..255 are bytes (the byte tokenizer).
     This is the loss of the best model that ignores context: a floor that any LM must beat.
     """
-    tokens = split.with_format("arrow")["tokens"].combine_chunks()
-    width = tokens.type.list_size
-    targets = tokens.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)[:, 1:].ravel()
-    counts = np.bincount(targets, minlength=256).astype(np.float64)
+    counts = np.zeros(256 if id_bytes is None else len(id_bytes), dtype=np.float64)
+    for piece in targets:
+        found = np.bincount(np.asarray(piece, dtype=np.int64), minlength=len(counts)).astype(np.float64)
+        if len(found) > len(counts):
+            counts = np.pad(counts, (0, len(found) - len(counts)))
+        counts[: len(found)] += found
     if id_bytes is None:
         byte_counts = counts[:256]
     else:
@@ -118,11 +99,13 @@ def unigram_entropy_bits(split: Any, id_bytes: list[bytes] | None = None) -> flo
 
 
 class PackedLM(DataSource):
-    """Base of language modelling on documents: tokenizer, packing, caching, manifest.
+    """Base of language modelling on documents: tokenizer, token shards, packing, manifest.
 
-    A subclass sets ``seq_len, batch_size, seed, doc_mask, tokenizer_kind, bpe_vocab_size,
+    A subclass sets ``seq_len, batch_size, seed, doc_mask, tokenizer_kind, bpe_vocab_size, num_proc,
     join_eos`` in ``__init__`` and implements ``documents()``.
     """
+
+    num_proc: int | None = None
 
     task = "lm"
     contiguous = True
@@ -138,42 +121,56 @@ class PackedLM(DataSource):
         if getattr(self, "_splits", None):
             return  # prepared already (the data module calls prepare in prepare_data and in setup)
         docs, column, corpus_fp, corpus = self.documents()
+        sizes = {name: doc_bytes(ds, column) for name, ds in docs.items()}
+        for name, n in sizes.items():  # before any work: an empty split would be tokenised for nothing
+            if not (n > 0).any():
+                raise ConfigError(
+                    f"data={self.registry_name}: the {name} split has no text ({len(n)} documents, all empty). "
+                    f"Fix: give it documents with text (data.paths, data.path, data.{name}_split or the fractions)."
+                )
         train_texts = (t for batch in docs["train"].with_format("arrow").iter(256) for t in batch[column].to_pylist())
         self.tokenizer = tok = build_tokenizer(self.tokenizer_kind, self.bpe_vocab_size, corpus_fp, train_texts)
         self.vocab_size, self.token_bytes = tok.vocab_size, list(tok.token_bytes)
         self.eos_id = tok.eos_id if self.join_eos else None
+        if self.join_eos and tok.eos_id is None:
+            raise ConfigError(no_eos_message(self.registry_name, self.tokenizer_kind, tok))
         dtype = token_dtype(tok.vocab_size)
         ids_key = short_hash(FORMAT, corpus_fp, tok.config, self.join_eos, dtype)
         self.fingerprint = short_hash(ids_key, self.seq_len)
+        root = cache_root() / "shards" / short_hash(SHARD_FORMAT, ids_key)
+        encoder, procs = Encoder(docs, column, tok, self.eos_id, dtype), self.num_proc or available_cores()
         self._splits, stats = {}, {}
-        for name, ds in docs.items():
-            encoder, key = _Encoder(tok, column, self.eos_id, dtype), f"ids-{short_hash(ids_key, name)}"
-            ids = self._map(ds, encoder, key, 256, rows_check(non_empty(ds, column), "ids", tok.vocab_size))
-            num_tokens = int(pc.sum(pc.list_value_length(ids.with_format("arrow")["ids"])).as_py() or 0)
-            packer, key = _Packer(self.seq_len, dtype), f"rows-{short_hash(self.fingerprint, name)}"
-            n_rows = max(0, (num_tokens - 1) // self.seq_len)
-            check = rows_check(n_rows, "tokens", tok.vocab_size, self.seq_len + 1)
-            rows = self._map(ids, packer, key, 4096, check)
+        for name in docs:
+            desc = f"xfam {self.registry_name}: tokenize {name}"
+            index = prepare_split(encoder, name, root / name, sizes[name], procs, desc, tok.vocab_size)
+            rows = PackedRows(TokenStream(root / name, index), self.seq_len)
+            num_tokens, shards = len(rows.stream), index["shards"]
             if len(rows) == 0:
                 raise ConfigError(
                     f"data={self.registry_name}: the {name} split has {num_tokens} tokens, fewer than "
                     f"seq_len + 1 = {self.seq_len + 1}, so it makes no row. Fix: lower data.seq_len or give "
                     f"that split more text (a larger fraction, more files, a larger max_bytes)."
                 )
-            self._splits[name] = rows.with_format("torch")
-            stats[name] = {"documents": len(ids), "tokens": num_tokens, "rows": len(rows)}
+            self._splits[name] = rows
+            stats[name] = {
+                "documents": sum(r["non_empty"] for r in shards),
+                "text_bytes": int(sizes[name].sum()),
+                "tokens": num_tokens,
+                "rows": len(rows),
+                "shards": [
+                    {"file": f"{name}/{r['file']}", "tokens": r["tokens"], "bytes": r["size"]} for r in index["shards"]
+                ],
+            }
         self.manifest = {
             **corpus,
             "tokenizer": tok.config,
             "join": "eos" if self.join_eos else "concat",
             "seq_len": self.seq_len,
+            "token_dtype": dtype,
+            "shard_folder": str(root),
             "splits": stats,
             "fingerprint": self.fingerprint,
         }
-
-    def _map(self, ds: Any, fn: Callable[[pa.Table], pa.Table], key: str, batch_size: int, check: Check) -> Any:
-        """``fn`` over ``ds`` in batches, cached in ``<cache_root>/lm/<key>.arrow`` (``xfam.data.cache``)."""
-        return cached_map(ds, fn, key, batch_size, check, f"xfam {self.registry_name}: {key.split('-')[0]}")
 
     def split(self, name: str) -> Any:
         return get_split(getattr(self, "_splits", {}), name, self.registry_name)
@@ -193,7 +190,7 @@ class PackedLM(DataSource):
     def unigram_entropy_bits(self, name: str) -> float:
         """Byte-unigram entropy (bits per byte) of one prepared split; see ``unigram_entropy_bits``."""
         id_bytes = None if self.tokenizer.config["kind"] == "byte" else self.tokenizer.id_bytes()
-        return unigram_entropy_bits(self.split(name), id_bytes)
+        return unigram_entropy_bits(self.split(name).targets(), id_bytes)
 
 
 def masked_lm_features(seq_len: int, dtype: str) -> Any:

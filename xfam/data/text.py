@@ -13,26 +13,29 @@ tokenizer and ``seq_len``, and it names the ``datasets`` cache files.
 Files are read as bytes and stored as they are. Documents that are not UTF-8 text (a byte sequence
 that does not decode, or a NUL byte: a binary file) are kept, and each ``prepare`` logs one warning
 with their count, bytes and up to 3 paths, and how to leave them out (``data.extensions``,
-``data.paths``): ``documents`` reads every file anyway to hash it for the manifest, so the warning is
-the same whether the documents come from the cache or not, at the cost of one UTF-8 decode (~0.05 s
-for the default corpus). Under the byte tokenizer the model trains on their raw bytes (a valid input
-for a byte model); ``tokenizer=bpe`` works on text (the ``tokenizers`` byte-level BPE takes ``str``),
-so each invalid sequence reaches it, in training and in encoding, as U+FFFD (``xfam.data.tokenize``):
-the model then learns the replaced text, which the warning says. The default corpus holds a few such
-files (the standard library's own encoding tests, ~13 KB of ~31 MB): a fixed, known part of it that a
-user cannot remove except by naming other paths, so it is reported at INFO level, not as a warning.
+``data.paths``): ``documents`` knows every file's hash for the manifest and whether it is text (read
+once and remembered by size, modification time and inode: ``FileFacts``), so the warning is the same
+whether the documents come from the cache or not. Under the byte tokenizer the model trains on their
+raw bytes (a valid input for a byte model); ``tokenizer=bpe`` works on text (the ``tokenizers``
+byte-level BPE takes ``str``), so each invalid sequence reaches it, in training and in encoding, as
+U+FFFD (``xfam.data.tokenize``): the model then learns the replaced text, which the warning says.
+The default corpus holds a few such files (the standard library's own encoding tests, ~13 KB of ~31
+MB): a fixed, known part of it that a user cannot remove except by naming other paths, so it is
+reported at INFO level, not as a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sys
 import sysconfig
+import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,7 +46,7 @@ from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.cache import Check, cached_generate, rows_check
 from xfam.data.packing import SPLITS, PackedLM, unigram_entropy_bits
-from xfam.data.tokenize import short_hash
+from xfam.data.tokenize import cache_root, short_hash, tokenizer_problems
 
 __all__ = ["TextSource", "discover", "unigram_entropy_bits"]
 
@@ -161,6 +164,47 @@ def not_text_message(found: list[tuple[str, str, int]], total: int, tokenizer: s
     )
 
 
+#: A file modified less than this long ago is hashed again next time (its mtime may not move on a rewrite).
+RACY_NS = 2_000_000_000
+
+
+class FileFacts:
+    """Size, SHA-256 and ``not_text`` of files, remembered by ``(size, mtime_ns, inode)`` in a JSON file.
+
+    Hashing every file on every start made start-up grow with the corpus (~3 s per GB); a file whose size,
+    modification time and inode are unchanged is taken as unchanged (as ``make`` and ``git`` do), and its facts
+    are not read again. A change that keeps all three is not seen; the documents are still checked against
+    the hashes whenever they are read (``_read_documents``).
+    """
+
+    def __init__(self, path: Path):
+        self.path, self.changed = path, False  # (files modified in the last RACY_NS are never remembered)
+        try:
+            self.known: dict[str, list] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.known = {}
+
+    def of(self, file: Path) -> tuple[int, str, str | None]:
+        """``(bytes, sha256, not_text(data))`` of ``file``."""
+        stat = file.stat()
+        stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        entry = self.known.get(str(file))
+        if entry is not None and entry[:3] == stamp:
+            return stat.st_size, entry[3], entry[4]
+        data = file.read_bytes()
+        facts = (len(data), hashlib.sha256(data).hexdigest(), not_text(data))
+        if time.time_ns() - stat.st_mtime_ns > RACY_NS:  # (a file written just now may change again in its tick)
+            self.known[str(file)], self.changed = [*stamp, facts[1], facts[2]], True
+        return facts
+
+    def save(self) -> None:
+        if self.changed:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.known))
+            os.replace(tmp, self.path)
+
+
 def _documents_check(keys: tuple[str, ...], sizes: list[int]) -> Check:
     """The cached documents of a split: one row per file, in manifest order, each as long as its file."""
     count = rows_check(len(keys))
@@ -198,9 +242,13 @@ class TextSource(PackedLM):
         extensions: suffixes of the files taken from folders (files named in ``paths`` are taken
             whatever their suffix). The default matches the default corpus; for prose use e.g.
             ``[".txt", ".md"]``.
-        tokenizer: ``byte`` (vocab 257: 256 bytes + eos) or ``bpe`` (byte-level BPE trained on
-            the train split, cached).
+        tokenizer: ``byte`` (vocab 257: 256 bytes + eos), ``bpe`` (byte-level BPE trained on
+            the train split, cached), or the path of a pretrained tokenizer: a ``tokenizer.json`` or a
+            local Hugging Face tokenizer folder (GPT-2's, Llama's ...; its vocabulary and end-of-document
+            token are the tokenizer's own; nothing is downloaded).
         bpe_vocab_size: vocabulary of the BPE, eos included.
+        num_proc: processes that tokenise (null: every core this process may use); the shards
+            are the same for any value (``xfam.data.shards``).
         val_fraction / test_fraction: expected share of documents in validation / test.
         doc_mask: true: attention stays inside each document of a packed row (the batch carries
             ``segments``); false: attention crosses document boundaries (the eos token is the only
@@ -217,8 +265,9 @@ class TextSource(PackedLM):
         *,
         paths: list[str] | None = None,
         extensions: list[str] = [".py"],  # noqa: B006  (copied, never mutated; YAML mirrors it)
-        tokenizer: Literal["byte", "bpe"] = "byte",
+        tokenizer: str = "byte",
         bpe_vocab_size: Annotated[int, Range(ge=257)] = 4096,
+        num_proc: Annotated[int, Range(ge=1)] | None = None,
         val_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
         test_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.05,
         doc_mask: bool = False,
@@ -229,7 +278,7 @@ class TextSource(PackedLM):
     ):
         self.paths = None if paths is None else [str(p) for p in paths]
         self.extensions = list(extensions)
-        self.tokenizer_kind, self.bpe_vocab_size = tokenizer, bpe_vocab_size
+        self.tokenizer_kind, self.bpe_vocab_size, self.num_proc = tokenizer, bpe_vocab_size, num_proc
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.doc_mask, self.max_bytes = doc_mask, max_bytes
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
@@ -244,6 +293,7 @@ class TextSource(PackedLM):
                 f"val_fraction + test_fraction = {params['val_fraction'] + params['test_fraction']:g} leaves no "
                 "document for training. Fix: make their sum < 1 (e.g. 0.05 each)."
             )
+        problems += tokenizer_problems(params["tokenizer"])
         return problems + discover(params["paths"], params["extensions"])[1]
 
     def documents(self) -> tuple[dict[str, Any], str, str, dict[str, Any]]:
@@ -254,6 +304,7 @@ class TextSource(PackedLM):
             raise ConfigError(problems)
         chosen = self._assign(found)
         entries, docs, not_utf8 = [], {}, []
+        facts = FileFacts(cache_root() / "text-files" / f"{short_hash(self.paths, self.extensions)}.json")
         for name in SPLITS:
             if not chosen[name]:
                 raise ConfigError(
@@ -263,10 +314,10 @@ class TextSource(PackedLM):
                 )
             split_entries = []
             for key, path in chosen[name]:
-                data = path.read_bytes()
-                if what := not_text(data):
-                    not_utf8.append((str(path), what, len(data)))
-                split_entries.append({"path": key, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+                size, digest, what = facts.of(path)
+                if what:
+                    not_utf8.append((str(path), what, size))
+                split_entries.append({"path": key, "bytes": size, "sha256": digest})
             kwargs = {
                 "keys": tuple(e["path"] for e in split_entries),
                 "files": tuple(str(p) for _, p in chosen[name]),
@@ -277,6 +328,7 @@ class TextSource(PackedLM):
             check = _documents_check(kwargs["keys"], [e["bytes"] for e in split_entries])
             docs[name] = cached_generate(_read_documents, kwargs, features, name, key, check)
             entries += [{**e, "split": name} for e in split_entries]
+        facts.save()
         if not_utf8:
             message = not_text_message(not_utf8, len(entries), self.tokenizer_kind, self.paths is None)
             log.log(logging.INFO if self.paths is None else logging.WARNING, message)

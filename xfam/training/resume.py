@@ -134,6 +134,9 @@ def check_processes(ckpt: str, saved: dict[str, Any], cfg: dict[str, Any], strea
         )
     resume = saved.get("xfam_resume") or {}
     before, now = len(resume.get("ranks", [])) or 1, processes(cfg["trainer"])
+    stream = (resume.get("ranks") or [{}])[0].get("stream")
+    if stream is not None:
+        check_stream_units(ckpt, stream["units"], before, now, cfg)
     if now is None or now == before:
         return
     old_batch = resume.get("global_batch") or saved["xfam"]["config"]["data"]["batch_size"] * before
@@ -155,6 +158,26 @@ def check_processes(ckpt: str, saved: dict[str, Any], cfg: dict[str, Any], strea
         new_batch,
         ", the memory streams regrouped" if streams else "",
     )
+
+
+def check_stream_units(ckpt: str, units: int, before: int, now: int | None, cfg: dict[str, Any]) -> None:
+    """A streamed train split resumes exactly on the same units (processes x loader workers) only
+    (``xfam.data.streaming``): each unit's position is in its own documents."""
+    workers = max(1, cfg["loader"]["num_workers"])
+    if now is not None and now * workers != units:
+        per = units // before
+        raise ConfigError(
+            f"ckpt_path={ckpt} streamed its training data in {units} unit(s) (processes x loader workers: {before} x "
+            f"{per}); this run would read {now * workers} ({now} x {workers}), and a position in one unit's "
+            f"documents means nothing in another's. Fix: resume with {before} process(es) and "
+            f"loader.num_workers={per if per > 1 else 0}."
+        )
+    if cfg["data"].get("shuffle_buffer"):
+        log.warning(
+            "resuming a stream with data.shuffle_buffer=%d: approximate, the documents that were in the shuffle "
+            "buffer at the checkpoint are skipped",
+            cfg["data"]["shuffle_buffer"],
+        )
 
 
 def architecture_error(ckpt: str | Path, diff: list[str]) -> ConfigError:

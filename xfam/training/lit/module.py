@@ -238,13 +238,15 @@ class XfamLitModule(L.LightningModule):
     # -- exact resume ----------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["xfam"] = metadata(self.config, self.data_info)
-        mine = {"rng": rng_state(), "memory": _to_cpu(self._memory)}
+        datamodule = getattr(self.trainer, "datamodule", None)
+        stream = datamodule.stream_state() if hasattr(datamodule, "stream_state") else None
+        mine = {"rng": rng_state(), "memory": _to_cpu(self._memory), **({"stream": stream} if stream else {})}
         ranks = [mine]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(ranks, mine)
         loop = self.trainer.fit_loop
-        sampler = getattr(getattr(self.trainer, "datamodule", None), "train_sampler", None)
+        sampler = getattr(datamodule, "train_sampler", None)
         checkpoint["xfam_resume"] = {
             "batches_in_epoch": loop.epoch_loop.batch_progress.current.processed,
             # The epoch those batches belong to: the last one started. (``current_epoch`` is already the next
@@ -263,7 +265,8 @@ class XfamLitModule(L.LightningModule):
         self._resume = {**rank_state(resume["ranks"], self.global_rank, world), "epoch": resume.get("epoch")}
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "resume_at"):
-            datamodule.resume_at(resume["batches_in_epoch"], resume.get("epoch"), resume.get("global_batch"))
+            stream = self._resume.get("stream")
+            datamodule.resume_at(resume["batches_in_epoch"], resume.get("epoch"), resume.get("global_batch"), stream)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._resume is not None:
