@@ -346,3 +346,18 @@ def test_a_typo_of_byte_or_bpe_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (problem,) = tokenizer_problems("BPE")
     assert "'BPE'" in problem and "write 'bpe'" in problem and "download" not in problem
+
+
+def test_pairs_take_the_tokenizers_own_special_ids_and_add_only_the_missing_ones():
+    from types import SimpleNamespace
+
+    from xfam.data.hf_pairs import special_ids
+    from xfam.data.tokenize import ByteTokenizer
+
+    assert special_ids(ByteTokenizer()) == (256, 257, 258, 259)  # as before: bos and pad after the vocabulary
+    llama2_like = SimpleNamespace(vocab_size=100, eos_id=2, bos_id=1, pad_id=None)
+    assert special_ids(llama2_like) == (2, 1, 100, 101)
+    pad_is_eos = SimpleNamespace(vocab_size=100, eos_id=2, bos_id=None, pad_id=2)  # (Llama 3 configs often do this)
+    assert special_ids(pad_is_eos) == (2, 100, 101, 102)  # padding never a real token
+    no_eos = SimpleNamespace(vocab_size=50, eos_id=None, bos_id=None, pad_id=0)
+    assert special_ids(no_eos) == (50, 51, 0, 52)

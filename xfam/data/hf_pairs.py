@@ -3,11 +3,12 @@
 The split loading and carving are ``data=hf``'s (``xfam.data.hf``, which builds ``HFPairs``, this mixin
 on its ``HFSource``, when both columns are set); the rows are ``xfam.data.seq2seq``'s pairs for an
 encoder-decoder (Vaswani et al., 2017, arXiv:1706.03762). Both texts of a pair are tokenized with
-the configured tokenizer (``byte``, or a ``bpe`` trained on the train split's sources and targets
-together), and the pair gets the special ids the decoder needs on top of the tokenizer's: ``eos``
-is the tokenizer's own (as in language modelling, ``PackedLM``), ``bos`` = ``tokenizer.vocab_size``
-and ``pad`` = ``tokenizer.vocab_size + 1``, so ``vocab_size`` = ``tokenizer.vocab_size + 2`` and
-``token_bytes`` gives both 0 bytes. A null text counts as empty: a pair with an empty target is
+the configured tokenizer (``byte``, a ``bpe`` trained on the train split's sources and targets
+together, or a pretrained one), and the pair gets the special ids the decoder needs: the tokenizer's
+own where it has them (``eos`` always for byte/bpe; a pretrained tokenizer's ``eos``/``bos``/``pad``),
+else new ids after its vocabulary (``special_ids``): for byte/bpe ``bos`` = ``tokenizer.vocab_size``
+and ``pad`` = ``tokenizer.vocab_size + 1``, so ``vocab_size`` = ``tokenizer.vocab_size + 2``, and
+``token_bytes`` gives the new ids 0 bytes. A null text counts as empty: a pair with an empty target is
 refused and long pairs are truncated or refused (``fit_pairs``).
 
 The ids of each split are a cached ``datasets.map`` (``xfam.data.cache``) keyed by the corpus (the
@@ -70,6 +71,25 @@ class _PairEncoder:
         return pa.table(out)
 
 
+def special_ids(tok: Any) -> tuple[int, int, int, int]:
+    """``(eos, bos, pad, vocab_size)`` of pairs: the tokenizer's own where it has them (a pretrained one's
+    ``eos_id``/``bos_id``/``pad_id``), else new ids after its vocabulary; a pad that is also eos or bos gets its
+    own id, so padding is never a real token."""
+    size = tok.vocab_size
+
+    def own_or_new(i: int | None, taken: tuple[int | None, ...] = ()) -> int:
+        nonlocal size
+        if i is not None and i not in taken:
+            return i
+        size += 1
+        return size - 1
+
+    eos = own_or_new(tok.eos_id)
+    bos = own_or_new(getattr(tok, "bos_id", None), (eos,))
+    pad = own_or_new(getattr(tok, "pad_id", None), (eos, bos))
+    return eos, bos, pad, size
+
+
 def _ids_check(rows: int, vocab_size: int) -> Any:
     """A cache check of encoded pairs: ``rows`` rows, both columns lists of ids below ``vocab_size``."""
     first = rows_check(rows, "source", vocab_size)
@@ -94,8 +114,8 @@ class PairsMixin(Seq2SeqSource):
         train = docs["train"].with_format("arrow")
         texts = (t for batch in train.iter(256) for c in columns for t in batch[c].to_pylist() if t)
         self.tokenizer = tok = build_tokenizer(self.tokenizer_kind, self.bpe_vocab_size, corpus_fp, texts)
-        self.eos_id, self.bos_id, self.pad_id = tok.eos_id, tok.vocab_size, tok.vocab_size + 1
-        self.vocab_size, self.token_bytes = tok.vocab_size + 2, [*tok.token_bytes, 0, 0]
+        self.eos_id, self.bos_id, self.pad_id, self.vocab_size = special_ids(tok)
+        self.token_bytes = [*tok.token_bytes, *[0] * (self.vocab_size - tok.vocab_size)]
         dtype = token_dtype(self.vocab_size)
         ids_key = short_hash(FORMAT, "pairs", corpus_fp, tok.config, dtype)
         self.fingerprint = short_hash(ids_key, self.source_len, self.target_len)
