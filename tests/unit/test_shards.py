@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.unit.test_data_cache import WORDS, cache_at
 from xfam.core.errors import ConfigError
@@ -138,3 +139,26 @@ def test_plan_groups_consecutive_documents() -> None:
     assert shards.plan([5, 5, 5, 5, 5], 10) == [(0, 2), (2, 4), (4, 5)]
     assert shards.plan([], 10) == [(0, 0)]
     assert shards.plan([50, 1], 10) == [(0, 1), (1, 2)]  # a document larger than a shard is a shard
+
+
+def test_loader_workers_and_ranks_read_every_row_once_in_the_same_order(corpus: Path, tmp_path: Path) -> None:
+    """Prepared data: the batch sampler stays in the main process, so 2 loader workers deliver exactly the batches
+    of none, and 2 ranks' rows of an epoch are disjoint and together every row of its full batches."""
+    from unittest import mock
+
+    from xfam.data.module import XfamDataModule
+
+    src = prepared(corpus, tmp_path)
+    batches = {}
+    for workers in (0, 2):
+        loader = XfamDataModule(src, seed=3, num_workers=workers).train_dataloader()
+        batches[workers] = [b["input_ids"] for b in loader]
+    assert len(batches[0]) > 3 and all(torch.equal(a, b) for a, b in zip(batches[0], batches[2], strict=True))
+    rows = len(src.split("train"))
+    seen = []
+    for rank in (0, 1):
+        with mock.patch("xfam.data.module._dist", return_value=(rank, 2)):
+            sampler = XfamDataModule(src, seed=3).train_dataloader().batch_sampler
+            seen.append([i for batch in sampler for i in batch])
+    assert not set(seen[0]) & set(seen[1])
+    assert len(seen[0]) + len(seen[1]) == rows // (2 * src.batch_size) * 2 * src.batch_size
