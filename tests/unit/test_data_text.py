@@ -344,3 +344,15 @@ def test_file_facts_are_remembered_until_the_file_changes(tmp_path, monkeypatch)
     racy = FileFacts(memo)
     racy.of(fresh)
     assert str(fresh) not in racy.known
+
+
+def test_a_second_discover_sees_files_added_or_removed(tmp_path):
+    """The walk is kept for the same process (validation, then the documents), never past a change."""
+    folder = tmp_path / "c" / "sub"
+    folder.mkdir(parents=True)
+    (folder / "a.txt").write_text("a")
+    assert [k for k, _ in discover([str(tmp_path / "c")], [".txt"])[0]] == ["c/sub/a.txt"]
+    (folder / "b.txt").write_text("b")
+    assert [k for k, _ in discover([str(tmp_path / "c")], [".txt"])[0]] == ["c/sub/a.txt", "c/sub/b.txt"]
+    (folder / "a.txt").unlink()
+    assert [k for k, _ in discover([str(tmp_path / "c")], [".txt"])[0]] == ["c/sub/b.txt"]

@@ -58,17 +58,51 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _walk(root: Path, extensions: list[str]) -> tuple[list[Path], Counter]:
-    """Non-empty files under ``root`` ending in one of ``extensions``, and a count of all suffixes seen."""
+#: A file or folder modified less than this long ago is not remembered (its mtime may not move on a rewrite).
+RACY_NS = 2_000_000_000
+#: Walks of this process: (root, extensions) -> (the walk, {folder: mtime_ns}); see ``_walk``.
+_WALKS: dict[tuple[str, tuple[str, ...]], tuple[Any, dict[str, int]]] = {}
+
+
+def _walk(root: Path, extensions: list[str]) -> tuple[list[tuple[str, Path, tuple[int, int]]], Counter]:
+    """Non-empty files under ``root`` ending in one of ``extensions`` as ``(path relative to root, path,
+    (device, inode))`` in path order, and a count of all suffixes seen.
+
+    Strings and ``os.scandir`` entries (which carry their type and stat), not a ``Path`` and a ``stat`` per
+    file: a folder of ~56,000 files is walked in ~0.5 s instead of ~3.5 s. A run validates its config and
+    then reads the documents, so the same folder is walked again in one process: the walk is kept while no
+    folder's modification time changed (adding, removing or renaming a file changes its folder's), unless a
+    folder changed in the last ``RACY_NS``."""
+    key = (str(root), tuple(extensions))
+    if key in _WALKS:
+        walk, stamps = _WALKS[key]
+        try:
+            if all(os.stat(folder).st_mtime_ns == mtime for folder, mtime in stamps.items()):
+                return walk
+        except OSError:
+            pass
     found, seen, exts = [], Counter(), tuple(e.lower() for e in extensions)
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-        for name in names:
-            path = Path(folder, name)
-            seen[path.suffix.lower() or "(none)"] += 1
-            if name.lower().endswith(exts) and path.is_file() and path.stat().st_size > 0:
-                found.append(path)
-    return sorted(found), seen
+    top = str(root)
+    folders, stamps = [top], {}
+    while folders:
+        folder = folders.pop()
+        stamps[folder] = os.stat(folder).st_mtime_ns
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir():
+                    if entry.name not in SKIP_DIRS and not entry.name.startswith("."):
+                        folders.append(entry.path)
+                    continue
+                name = entry.name.lower()
+                seen[os.path.splitext(name)[1] or "(none)"] += 1
+                if name.endswith(exts) and entry.is_file() and (stat := entry.stat()).st_size > 0:
+                    relative = entry.path[len(top) :].lstrip(os.sep).replace(os.sep, "/")
+                    found.append((relative, entry.path, (stat.st_dev, stat.st_ino)))
+    found.sort(key=lambda f: f[0].split("/"))  # (the order of Path: folder by folder)
+    walk = ([(relative, Path(full), file_id) for relative, full, file_id in found], seen)
+    if time.time_ns() - max(stamps.values()) > RACY_NS:  # (a folder changed just now may change again in its tick)
+        _WALKS[key] = (walk, stamps)
+    return walk
 
 
 def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple[str, Path]], list[str]]:
@@ -81,8 +115,9 @@ def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple
         root = stdlib_root()
         files, _ = _walk(root, extensions)
         problem = f"the standard library at {root} has no file ending in {extensions}. Fix: set data.paths."
-        return [(p.relative_to(root).as_posix(), p) for p in files], [] if files else [problem]
+        return [(relative, path) for relative, path, _ in files], [] if files else [problem]
     docs, problems = [], [] if paths else ["paths is an empty list. Fix: name files or folders, or paths=null."]
+    ids = []  # (device, inode) of each document: a file reached twice is one file
     for i, raw in enumerate(paths):
         path = Path(raw).expanduser()
         where = f"paths[{i}]={raw!r}"
@@ -92,9 +127,10 @@ def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple
                 "built-in standard library corpus."
             )
         elif path.is_file():
-            if path.stat().st_size == 0:
+            if (stat := path.stat()).st_size == 0:
                 problems.append(f"{where} is an empty file. Fix: remove it from data.paths.")
             docs.append((path.name, path))
+            ids.append((stat.st_dev, stat.st_ino))
         else:
             files, seen = _walk(path, extensions)
             if not files and not seen:
@@ -106,11 +142,11 @@ def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple
                     f"{where} has no non-empty file ending in {extensions} (found: {common}). Fix: set "
                     f"data.extensions to the suffixes of your text files, e.g. extensions=['{top}']."
                 )
-            docs += [(f"{path.name}/{p.relative_to(path).as_posix()}", p) for p in files]
-    first: dict[Path, str] = {}  # resolved file -> its first key
+            docs += [(f"{path.name}/{relative}", file) for relative, file, _ in files]
+            ids += [file_id for *_, file_id in files]
+    first: dict[tuple[int, int], str] = {}  # (device, inode) of a file -> its first key (a link is the same file)
     twice = []
-    for key, p in docs:
-        real = p.resolve()
+    for (key, _), real in zip(docs, ids):
         if real in first:
             twice.append((first[real], key))
         else:
@@ -164,10 +200,6 @@ def not_text_message(found: list[tuple[str, str, int]], total: int, tokenizer: s
     )
 
 
-#: A file modified less than this long ago is hashed again next time (its mtime may not move on a rewrite).
-RACY_NS = 2_000_000_000
-
-
 class FileFacts:
     """Size, SHA-256 and ``not_text`` of files, remembered by ``(size, mtime_ns, inode)`` in a JSON file.
 
@@ -179,10 +211,12 @@ class FileFacts:
 
     def __init__(self, path: Path):
         self.path, self.changed = path, False  # (files modified in the last RACY_NS are never remembered)
-        try:
-            self.known: dict[str, list] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            self.known = {}
+        self.known: dict[str, list] = {}
+        if path.exists():
+            try:
+                self.known = dict(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError) as err:
+                log.warning("data cache %s cannot be read (%s); hashing the files again", path, err)
 
     def of(self, file: Path) -> tuple[int, str, str | None]:
         """``(bytes, sha256, not_text(data))`` of ``file``."""
