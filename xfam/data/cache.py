@@ -3,10 +3,13 @@ rebuilt with a warning when they cannot be used.
 
 Every cached stage of a source lives under ``cache_root()`` (``<datasets cache>/xfam``):
 
-* ``lm/<stage>-<key>.arrow``: a ``datasets.map`` output (token ids, packed rows) of ``data=text/hf``;
+* ``shards/<key>/<split>/``: the token shards of ``data=text/hf`` (``xfam.data.shards``, which checks
+  and rebuilds them itself: per shard, in constant time);
+* ``lm/<stage>-<key>.arrow``: a ``datasets.map`` output (the ids of ``data=hf``'s pairs, cut pairs);
 * ``generated/<key>/``: a ``Dataset.from_generator`` output (the documents of ``data=text``, every
   split of a synthetic task), one folder per key so a bad one is removed whole;
-* ``tokenizers/bpe-<corpus>-<vocab>.json``: a trained BPE (``xfam.data.tokenize``).
+* ``tokenizers/bpe-<corpus>-<vocab>.json``: a trained BPE (``xfam.data.tokenize``);
+* ``text-files/<key>.json``: the size, hash and text check of ``data=text``'s files (``FileFacts``).
 
 A key is a hash of the inputs of the stage (file contents, tokenizer, generator parameters, seed,
 ``seq_len``, the stored format), so a change to any of them names another file and a stale cache is
@@ -14,8 +17,7 @@ never read. A file that exists but cannot be used (a crash mid-copy, a truncated
 fewer rows than the stage makes, ids outside the vocabulary at either end, a row of another length:
 ``rows_check``) is deleted and rebuilt, with a warning; a freshly built one that fails its check is
 a bug and raises. The checks run on every load, in Arrow over the memory-mapped file without a copy
-(each id read once, row lengths from the list offsets): ~0.01 s for both stages of the default
-corpus (~31 M tokens each).
+(each id read once, row lengths from the list offsets).
 """
 
 from __future__ import annotations

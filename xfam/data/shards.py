@@ -316,6 +316,9 @@ def prepare_split(
     }
     if jobs or not index_path.exists():
         write_json(index_path, index)
+    else:
+        tokens, dtype = sum(r["tokens"] for r in shards) / 1e6, encoder.dtype
+        log.info("%s: prepared already: %d shards, %.2f M %s ids in %s", desc, len(shards), tokens, dtype, folder)
     return index
 
 
