@@ -157,3 +157,13 @@ def test_a_shuffled_stream_is_accepted_when_exactness_is_waived(jsonl: Path) -> 
     validate(compose_cfg([*base, "data.shuffle_buffer=100", "data.exact_resume=false"]))
     with pytest.raises(ConfigError, match="shuffle_buffer shuffles a stream"):
         validate(compose_cfg(["data=hf", f"data.path={jsonl}", "data.shuffle_buffer=10"]))
+
+
+def test_the_endless_train_split_cannot_be_evaluated(jsonl: Path, tmp_path: Path) -> None:
+    with cache_at(tmp_path):
+        src = stream_source(jsonl)
+        src.prepare()
+        dm = XfamDataModule(src, seed=0)
+        assert len(dm._eval_loader("validation")) == 2  # eval_rows 4 / batch 2
+        with pytest.raises(ConfigError, match="the train split is streamed.*Fix: split=validation"):
+            dm._eval_loader("train")

@@ -137,6 +137,12 @@ class XfamDataModule(L.LightningDataModule):
     def _eval_loader(self, split: Split) -> DataLoader:
         rank, world = _dist()
         rows = self.source.split(split)
+        if isinstance(rows, StreamedSplit):
+            raise ConfigError(
+                f"data={self.source.registry_name}: the {split} split is streamed (data.streaming=true) and has no "
+                f"end, so it cannot be gone through. Fix: split=validation or split=test (held in memory), or prepare "
+                f"the corpus (data.streaming=false)."
+            )
         bs = self.source.batch_size
         if self.streams:  # memory is carried through evaluation too: the same stream layout as training
             sampler = ResumableBatchSampler(len(rows), bs, rank=rank, world_size=world, shuffle=False, streams=True)
