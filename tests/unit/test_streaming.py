@@ -167,3 +167,13 @@ def test_the_endless_train_split_cannot_be_evaluated(jsonl: Path, tmp_path: Path
         assert len(dm._eval_loader("validation")) == 2  # eval_rows 4 / batch 2
         with pytest.raises(ConfigError, match="the train split is streamed.*Fix: split=validation"):
             dm._eval_loader("train")
+
+
+def test_an_uncached_hub_dataset_offline_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with cache_at(tmp_path):
+        src = DATA.build({"name": "hf", "path": "nobody/no-such-corpus", "config_name": None, "streaming": True})
+        with pytest.raises(ConfigError, match="not available offline.*Fix:"):
+            src.prepare()
