@@ -162,3 +162,19 @@ def test_loader_workers_and_ranks_read_every_row_once_in_the_same_order(corpus: 
             seen.append([i for batch in sampler for i in batch])
     assert not set(seen[0]) & set(seen[1])
     assert len(seen[0]) + len(seen[1]) == rows // (2 * src.batch_size) * 2 * src.batch_size
+
+
+def test_an_empty_corpus_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    from datasets import Dataset, DatasetDict
+
+    from xfam.data import DATA
+
+    folder = tmp_path / "empty"
+    DatasetDict({s: Dataset.from_dict({"text": ["", None, ""]}) for s in ("train", "validation", "test")}).save_to_disk(
+        folder
+    )
+    with cache_at(tmp_path / "cache"):
+        src = DATA.build({"name": "hf", "path": str(folder), "join": "eos"})
+        with pytest.raises(ConfigError, match="the train split has no text.*Fix:"):
+            src.prepare()
+    assert not (tmp_path / "cache" / "xfam" / "shards").exists()
