@@ -1,1 +1,1 @@
-"""Pieces of scripts/bench_train.py: the benchmark shape, the workers, the report."""
+"""Pieces of the benchmark scripts: bench_train.py's shape, workers and report; bench_data.py's workers and report."""
