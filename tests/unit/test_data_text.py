@@ -324,7 +324,7 @@ def test_file_facts_are_remembered_until_the_file_changes(tmp_path, monkeypatch)
     read; a rewrite of the same size (another mtime) is; a file written just now is never remembered."""
     import os
 
-    from xfam.data.text import FileFacts
+    from xfam.data.files import FileFacts
 
     memo, doc = tmp_path / "memo.json", tmp_path / "doc.txt"
     doc.write_bytes(b"hello")

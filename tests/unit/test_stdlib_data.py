@@ -15,8 +15,8 @@ import torch
 
 from xfam.data import DATA
 from xfam.data.docstrings import BOS, EOS, PAD, Docstrings, extract_pairs
+from xfam.data.files import stdlib_root
 from xfam.data.pytokens import CLASSES, PyTokens, byte_labels, char_labels, collate_tag
-from xfam.data.text import stdlib_root
 
 SNIPPET = b'''import os
 @deco(1)

@@ -52,9 +52,10 @@ from xfam.core.errors import ConfigError
 from xfam.core.registry import Range
 from xfam.data.base import DATA
 from xfam.data.cache import cached_generate, ids_problem
+from xfam.data.files import discover, stdlib_root
 from xfam.data.packing import FORMAT, SPLITS
 from xfam.data.seq2seq import COLUMNS, Seq2SeqSource, pair_lengths
-from xfam.data.text import TextSource, _read_documents, discover, stdlib_root
+from xfam.data.text import TextSource, _read_documents
 from xfam.data.tokenize import ByteTokenizer, short_hash
 
 VERSION = "docstrings-1"

@@ -57,8 +57,9 @@ from xfam.core.registry import Range
 from xfam.data.base import DATA, DataSource
 from xfam.data.cache import cached_generate, ids_problem
 from xfam.data.docstrings import decode_source, fraction_problems, stdlib_corpus
+from xfam.data.files import stdlib_root
 from xfam.data.packing import SPLITS, get_split
-from xfam.data.text import _read_documents, stdlib_root
+from xfam.data.text import _read_documents
 from xfam.data.tokenize import short_hash
 
 VERSION = "pytokens-1"
