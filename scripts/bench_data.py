@@ -92,7 +92,7 @@ def log(msg: str, started: float | None = None) -> None:
 
 def stdlib_files() -> tuple[Path, list[Path]]:
     """The standard library's root and the ``*.py`` files ``data=text`` reads by default, in its order."""
-    from xfam.data.text import discover, stdlib_root
+    from xfam.data.files import discover, stdlib_root
 
     found, problems = discover(None, [".py"])
     if problems:

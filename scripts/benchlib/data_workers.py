@@ -273,7 +273,7 @@ def work_prepare_plain(spec: dict[str, Any]) -> dict[str, Any]:
     """One process: read each file, encode it, append the ids and eos to a list; concatenate and save."""
     import numpy as np
 
-    from xfam.data.text import discover
+    from xfam.data.files import discover
     from xfam.data.tokenize import build_tokenizer, cache_root, token_dtype
 
     found, problems = discover(spec["paths"], [".py"])
@@ -328,9 +328,9 @@ PROFILED = (
     ("xfam/config/validation.py", "validate", "config validation (`validate`)"),
     ("xfam/core/registry.py", "build", "building the components (`Registry.build`)"),
     ("xfam/data/text.py", "check", "`TextSource.check`"),
-    ("xfam/data/text.py", "discover", "`discover` (find the files)"),
-    ("xfam/data/text.py", "_walk", "`_walk` (os.scandir; the walk kept for the process)"),
-    ("xfam/data/text.py", "of", "`FileFacts.of` (a file's size and sha256, remembered)"),
+    ("xfam/data/files.py", "discover", "`discover` (find the files; its result kept for the process)"),
+    ("xfam/data/files.py", "_walk", "`_walk` (os.scandir; the walk kept for the process)"),
+    ("xfam/data/files.py", "of", "`FileFacts.of` (a file's size and sha256, remembered)"),
     ("xfam/data/packing.py", "prepare", "`PackedLM.prepare`"),
     ("xfam/data/text.py", "documents", "`TextSource.documents`"),
     ("xfam/training/runner.py", "write_record", "`write_record` (the run's manifest)"),
@@ -356,8 +356,8 @@ def train_profile(path: Path) -> dict[str, Any]:
             functions.append(
                 {"label": label, "function": where(k), "calls": stats[k][1], "cum_s": round(stats[k][3], 2)}
             )
-    for name in ("discover", "check"):
-        if (k := key("xfam/data/text.py", name)) is not None:
+    for file, name in (("xfam/data/files.py", "discover"), ("xfam/data/text.py", "check")):
+        if (k := key(file, name)) is not None:
             callers[name] = {where(c): v[1] for c, v in stats[k][4].items()}
     if (k := key("xfam/config/validation.py", "validate")) is not None:
         callers["validate"] = {where(c): v[1] for c, v in stats[k][4].items()}
