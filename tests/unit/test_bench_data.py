@@ -98,13 +98,13 @@ def test_bpe_tokenizer_json_is_accepted_by_xfam(tmp_path: Path) -> None:
 
 def test_peak_memory_sees_an_allocation() -> None:
     with workers.PeakMemory(every_s=0.01) as mem:
-        block = np.ones(40 * 2**20, dtype=np.uint8)  # 40 MiB, touched
+        block = np.ones(80 * 2**20, dtype=np.uint8)  # 80 MiB, touched
         deadline = time.monotonic() + 10  # until the sampling thread has run (slow on a loaded machine)
-        while mem.peak_anon < mem.baseline_anon + 30 and time.monotonic() < deadline:
+        while mem.peak_anon < mem.baseline_anon + 40 and time.monotonic() < deadline:
             time.sleep(0.05)
         del block
     res = mem.result()
-    assert res["peak_anon_pss_mb"] >= mem.baseline_anon + 30
+    assert res["peak_anon_pss_mb"] >= mem.baseline_anon + 40  # (half the block: the rest may be in flight)
     assert res["peak_rss_mb"] >= res["baseline_rss_mb"]
 
 
