@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import Progress, TextColumn, TransferSpeedColumn
 
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log
@@ -188,19 +190,20 @@ def run_jobs(
     encoder: Encoder, jobs: list[Job], num_proc: int, total_bytes: int, desc: str, on_done: Callable[[Job, dict], None]
 ) -> None:
     """Write every job's shard on ``num_proc`` processes (this one when 1), with a progress bar in text bytes."""
-    from tqdm.auto import tqdm
-
     global _ENCODER
     procs = max(1, min(num_proc, len(jobs)))
     start, tokens = time.perf_counter(), 0
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc, disable=None, leave=False) as bar:
+    columns = (*Progress.get_default_columns()[:-1], TransferSpeedColumn(), TextColumn("{task.fields[rate]}"))
+    console = Console(stderr=True)  # (a batch job's log gets the summary line below, not a redrawn bar)
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(desc, total=total_bytes, rate="")
 
         def done(job: Job, record: dict[str, Any]) -> None:
             nonlocal tokens
             tokens += record["tokens"]
             on_done(job, record)
-            bar.update(record["text_bytes"])
-            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9) / 1e6:.2f} M tokens/s")
+            rate = f"{tokens / max(time.perf_counter() - start, 1e-9) / 1e6:.2f} M tokens/s"
+            bar.update(task, advance=record["text_bytes"], rate=rate)
 
         if procs == 1:
             with _one_thread():
@@ -218,9 +221,9 @@ def run_jobs(
     if jobs:
         mb = total_bytes / 1e6
         log.info(
-            "%s: %d shards, %.1f MB of text, %.2f M tokens in %.1f s on %d process%s (%.1f MB/s, %.2f M tokens/s)",
+            "%s: %s, %.1f MB of text, %.2f M tokens in %.1f s on %d process%s (%.1f MB/s, %.2f M tokens/s)",
             desc,
-            len(jobs),
+            f"{len(jobs)} shard" + "s" * (len(jobs) > 1),
             mb,
             tokens / 1e6,
             seconds,
