@@ -238,9 +238,12 @@ class HFSource(PackedLM):
 
     def prepare(self) -> None:
         if not self.streaming:
-            return super().prepare()
-        if getattr(self, "_splits", None):
-            return
+            return super().prepare()  # token shards (xfam.data.packing)
+        if not getattr(self, "_splits", None):
+            self._prepare_stream()
+
+    def _prepare_stream(self) -> None:
+        """The tokenizer, the evaluation splits (in memory) and the streamed train split (``xfam.data.streaming``)."""
         tok = build_tokenizer(self.tokenizer_kind, self.bpe_vocab_size, "", ())  # byte or pretrained (check())
         self.tokenizer, self.vocab_size, self.token_bytes = tok, tok.vocab_size, list(tok.token_bytes)
         self.eos_id = tok.eos_id if self.join_eos else None
