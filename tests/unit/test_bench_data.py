@@ -11,10 +11,8 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -96,16 +94,30 @@ def test_bpe_tokenizer_json_is_accepted_by_xfam(tmp_path: Path) -> None:
     assert sum(tok.token_bytes[i] for i in ids) == len(text.encode())  # byte-level: bytes per token exact
 
 
+PEAK_PROBE = """
+import sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from benchlib.data_workers import PeakMemory
+with PeakMemory(every_s=0.01) as mem:
+    block = np.ones(80 * 2**20, dtype=np.uint8)  # 80 MiB, touched
+    deadline = time.monotonic() + 10  # until the sampling thread has seen it (slow on a loaded machine)
+    while mem.peak_anon < mem.baseline_anon + 60 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    del block
+res = mem.result()
+print(res["peak_anon_pss_mb"] - mem.baseline_anon, res["peak_rss_mb"] >= res["baseline_rss_mb"])
+"""
+
+
 def test_peak_memory_sees_an_allocation() -> None:
-    with workers.PeakMemory(every_s=0.01) as mem:
-        block = np.ones(80 * 2**20, dtype=np.uint8)  # 80 MiB, touched
-        deadline = time.monotonic() + 10  # until the sampling thread has run (slow on a loaded machine)
-        while mem.peak_anon < mem.baseline_anon + 40 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        del block
-    res = mem.result()
-    assert res["peak_anon_pss_mb"] >= mem.baseline_anon + 40  # (half the block: the rest may be in flight)
-    assert res["peak_rss_mb"] >= res["baseline_rss_mb"]
+    """In a fresh process: in this one, a heap that keeps freed memory (xfam's allocator settings, other tests'
+    arrays) can serve the block from pages the baseline already counted."""
+    scripts = str(Path(bd.__file__).parent)
+    out = subprocess.run([sys.executable, "-c", PEAK_PROBE, scripts], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grew, rss_ok = out.stdout.split()
+    assert float(grew) >= 60 and rss_ok == "True"
 
 
 def test_plain_loop_counts_every_byte_and_an_eos_per_document(tmp_path: Path) -> None:
