@@ -91,7 +91,7 @@ def discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple
     seen = _signature(paths, extensions)
     if key in _FOUND and len(_FOUND[key][0]) == len(seen) and all(map(_same, _FOUND[key][0], seen)):
         return _FOUND[key][1]
-    found = _discover(paths, extensions)
+    found = _discover(paths, extensions, seen)
     _FOUND[key] = (seen, found)
     return found
 
@@ -120,10 +120,13 @@ def _same(a: Any, b: Any) -> bool:
     return a[0] is b[0] if isinstance(a, list) and isinstance(b, list) else a == b
 
 
-def _discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tuple[str, Path]], list[str]]:
+def _discover(
+    paths: list[str] | None, extensions: list[str], seen: list[Any]
+) -> tuple[list[tuple[str, Path]], list[str]]:
+    """``discover``'s result; ``seen``: its ``_signature``, whose walks it uses (a folder is walked once)."""
     if paths is None:
         root = stdlib_root()
-        files, _ = _walk(root, extensions)
+        files, _ = seen[0][0]
         problem = f"the standard library at {root} has no file ending in {extensions}. Fix: set data.paths."
         return [(relative, path) for relative, path, _ in files], [] if files else [problem]
     docs, problems = [], [] if paths else ["paths is an empty list. Fix: name files or folders, or paths=null."]
@@ -142,12 +145,12 @@ def _discover(paths: list[str] | None, extensions: list[str]) -> tuple[list[tupl
             docs.append((path.name, path))
             ids.append((stat.st_dev, stat.st_ino))
         else:
-            files, seen = _walk(path, extensions)
-            if not files and not seen:
+            files, suffixes = seen[i][0] if isinstance(seen[i], list) else _walk(path, extensions)
+            if not files and not suffixes:
                 problems.append(f"{where} is an empty folder. Fix: put text files in it or pass another folder.")
             elif not files:
-                common = ", ".join(f"{ext} ({n})" for ext, n in seen.most_common(8))
-                top = seen.most_common(1)[0][0]
+                common = ", ".join(f"{ext} ({n})" for ext, n in suffixes.most_common(8))
+                top = suffixes.most_common(1)[0][0]
                 problems.append(
                     f"{where} has no non-empty file ending in {extensions} (found: {common}). Fix: set "
                     f"data.extensions to the suffixes of your text files, e.g. extensions=['{top}']."

@@ -272,9 +272,7 @@ def prepare_split(
     if index_path.exists():
         try:
             index = json.loads(index_path.read_text())
-            records = (
-                {i: r for i, r in enumerate(index["shards"])} if index["ranges"] == [list(r) for r in ranges] else {}
-            )
+            records = dict(enumerate(index["shards"]))  # (a record of another plan is dropped below)
         except (OSError, ValueError, KeyError, TypeError) as err:
             log.warning("token shard index %s cannot be read (%s); checking its shards again", index_path, err)
     else:

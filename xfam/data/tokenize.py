@@ -472,26 +472,19 @@ def _read_pretrained(value: str) -> tuple[str, dict[str, Any], dict[str, str | N
 def load_pretrained(path: str) -> PretrainedTokenizer:
     """The pretrained tokenizer at ``path``: a tokenizer.json file, or a folder holding one (Hugging Face
     layout, whose tokenizer_config.json / special_tokens_map.json name the special tokens); ``~`` expanded.
-    Raises ``ConfigError`` for anything ``tokenizer_problems`` reports."""
-    text, _, special, origin = _read_pretrained(path)
+    Raises ``ConfigError`` for anything ``tokenizer_problems`` reports. Loaded once per process while its files
+    are unchanged (``_stamps``): a start validates the config several times, then builds the data."""
+    return _load_cached(path, _stamps(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(value: str, stamps: tuple[tuple[str, int, int], ...]) -> PretrainedTokenizer:
+    text, _, special, origin = _read_pretrained(value)
     return PretrainedTokenizer(text, special, origin)
 
 
-@functools.lru_cache(maxsize=32)
-def _problems_cached(value: str, stamps: tuple[tuple[str, int, int], ...]) -> tuple[str, ...]:
-    try:
-        text, spec, special, origin = _read_pretrained(value)
-        tok = _parse_tokenizer(text, origin)
-        added = spec.get("added_tokens") or []
-        specials = [a["content"] for a in added if a.get("special") and not _is_byte_token(a["content"])]
-        _resolve_special(tok, specials, special, origin)
-    except ConfigError as err:
-        return tuple(err.problems)
-    return ()
-
-
 def _stamps(value: str) -> tuple[tuple[str, int, int], ...]:
-    """(path, mtime, size) of the files ``value`` may name: the cache key of ``tokenizer_problems``."""
+    """(path, mtime, size) of the files ``value`` may name: the cache key of ``load_pretrained``."""
     path = _expand(value)
     files = [path, *(path / n for n in ("tokenizer.json", *_CONFIG_FILES))] if path.is_dir() else [path]
     out = []
@@ -511,7 +504,11 @@ def tokenizer_problems(value: str) -> list[str]:
     is wrong, the valid choices and the fix. Cached by the files' (path, mtime, size)."""
     if value in ("byte", "bpe"):
         return []
-    return list(_problems_cached(value, _stamps(value)))
+    try:
+        load_pretrained(value)
+    except ConfigError as err:
+        return list(err.problems)
+    return []
 
 
 def build_tokenizer(
