@@ -86,6 +86,7 @@ class Job:
     start: int
     end: int
     folder: Path
+    text_bytes: int  # of its documents (``doc_bytes``: from Arrow's offsets, no text decoded)
 
     @property
     def bin(self) -> Path:
@@ -111,7 +112,7 @@ class Encoder:
     def write(self, job: Job) -> dict[str, Any]:
         """Encode the job's documents into its ``.bin`` and record (each renamed into place when complete)."""
         tmp = job.bin.with_suffix(f".bin.{os.getpid()}.tmp")
-        docs = tokens = text_bytes = 0
+        docs = tokens = 0
         low, high = None, None
         eos = None if self.eos_id is None else np.array([self.eos_id], dtype=self.dtype)
         with open(tmp, "wb") as f:
@@ -126,14 +127,13 @@ class Encoder:
                 f.write(ids.astype(np.dtype(self.dtype).newbyteorder("<"), copy=False).tobytes())
                 docs += len(batch)
                 tokens += len(ids)
-                text_bytes += sum(len(d.encode("utf-8")) if isinstance(d, str) else len(d) for d in batch)
         os.replace(tmp, job.bin)
         stat = job.bin.stat()
         record = {
             "file": job.bin.name,
             "documents": [job.start, job.end],
             "non_empty": docs,
-            "text_bytes": text_bytes,
+            "text_bytes": job.text_bytes,
             "tokens": tokens,
             "min_id": low,
             "max_id": high,
@@ -293,12 +293,13 @@ def prepare_split(
             del records[i]
     if damaged and index_path.exists():
         log.warning("token shards in %s cannot be read (%s); writing them again", folder, "; ".join(damaged[:3]))
-    jobs = [Job(split, i, a, b, folder) for i, (a, b) in enumerate(ranges) if i not in records]
+    sizes = np.asarray(text_bytes, dtype=np.int64)
+    jobs = [Job(split, i, a, b, folder, int(sizes[a:b].sum())) for i, (a, b) in enumerate(ranges) if i not in records]
     if jobs:
         index_path.unlink(missing_ok=True)  # unsealed until every shard is back
         if records:
             log.info("%s: continuing a preparation: %d of %d shards done", desc, len(records), len(ranges))
-        total = sum(int(text_bytes[i]) for job in jobs for i in range(job.start, job.end))
+        total = sum(job.text_bytes for job in jobs)
         run_jobs(encoder, jobs, num_proc, total, desc, lambda job, record: records.__setitem__(job.index, record))
     shards = [records[i] for i in range(len(ranges))]
     for record in shards:
