@@ -30,7 +30,15 @@ import pyarrow.compute as pc
 from xfam.core.errors import ConfigError
 from xfam.data.base import DataSource
 from xfam.data.cache import cached_generate, rows_check
-from xfam.data.shards import SHARD_FORMAT, Encoder, PackedRows, TokenStream, available_cores, prepare_split
+from xfam.data.shards import (  # noqa: F401  (pack_rows: the packing rule, defined beside the shards it reads)
+    SHARD_FORMAT,
+    Encoder,
+    PackedRows,
+    TokenStream,
+    available_cores,
+    pack_rows,
+    prepare_split,
+)
 from xfam.data.tokenize import build_tokenizer, cache_root, short_hash, token_dtype
 
 SPLITS = ("train", "validation", "test")
@@ -38,15 +46,6 @@ SPLITS = ("train", "validation", "test")
 FORMAT = 1
 #: The parameter that sets the size of each split in the synthetic tasks.
 NUM_KEY = {"train": "num_train", "validation": "num_val", "test": "num_test"}
-
-
-def pack_rows(stream: np.ndarray, seq_len: int) -> np.ndarray:
-    """``[n, seq_len + 1]`` rows of a token stream, stride ``seq_len``; ``n = (len - 1) // seq_len``."""
-    n = max(0, (len(stream) - 1) // seq_len)
-    if n == 0:
-        return np.zeros((0, seq_len + 1), dtype=stream.dtype)
-    windows = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)  # [len - S, S + 1], a view
-    return np.ascontiguousarray(windows[::seq_len][:n])
 
 
 def doc_bytes(ds: Any, column: str) -> np.ndarray:

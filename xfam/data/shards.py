@@ -64,6 +64,15 @@ INDEX = "index.json"
 DOC_BATCH = 256
 
 
+def pack_rows(stream: np.ndarray, seq_len: int) -> np.ndarray:
+    """``[n, seq_len + 1]`` rows of a token stream, stride ``seq_len``; ``n = (len - 1) // seq_len``."""
+    n = max(0, (len(stream) - 1) // seq_len)
+    if n == 0:
+        return np.zeros((0, seq_len + 1), dtype=stream.dtype)
+    windows = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)  # [len - S, S + 1], a view
+    return np.ascontiguousarray(windows[::seq_len][:n])
+
+
 def plan(text_bytes: Sequence[int], shard_bytes: int | None = None) -> list[tuple[int, int]]:
     """``[start, end)`` document ranges of the shards: consecutive documents until ``shard_bytes`` of text."""
     ranges, start, size, shard_bytes = [], 0, 0, shard_bytes or SHARD_BYTES
@@ -405,11 +414,7 @@ class PackedRows(torch.utils.data.Dataset):
     def block(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as one ``[n, S + 1]`` array (consecutive rows share a token)."""
         s = self.seq_len
-        flat = self.stream[start * s : stop * s + 1]
-        if stop <= start:
-            return np.zeros((0, s + 1), dtype=self.stream.dtype)
-        windows = np.lib.stride_tricks.sliding_window_view(flat, s + 1)[::s]  # [n, S + 1]
-        return np.ascontiguousarray(windows[: stop - start])
+        return pack_rows(self.stream[start * s : max(start, stop) * s + 1], s)
 
     def __getitem__(self, key: int | slice | str) -> Any:
         if isinstance(key, str):

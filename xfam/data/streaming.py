@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from xfam.core.errors import ConfigError
+from xfam.data.shards import pack_rows
 
 #: Data files a local folder may hold for ``load_dataset(folder, streaming=True)``.
 DATA_FILES = (".json", ".jsonl", ".parquet", ".csv", ".txt", ".arrow")
@@ -116,13 +117,12 @@ class Packer:
         position after it: ``(head, pos)``. Consecutive rows share one token, as ``pack_rows``."""
         need, step = self.batch_size * self.seq_len + 1, self.batch_size * self.seq_len
         while len(head) + len(doc) - pos >= need:
-            flat = np.concatenate([head, doc[pos : pos + need - len(head)]])  # [B S + 1]
-            rows = np.lib.stride_tricks.sliding_window_view(flat, self.seq_len + 1)[:: self.seq_len]  # [B, S + 1]
+            rows = pack_rows(np.concatenate([head, doc[pos : pos + need - len(head)]]), self.seq_len)  # [B, S + 1]
             if len(head) >= step:
                 head = head[step:]
             else:
                 pos, head = pos + step - len(head), head[:0]
-            yield np.ascontiguousarray(rows), head, pos
+            yield rows, head, pos
 
 
 class StreamedTrain(torch.utils.data.IterableDataset):
