@@ -56,7 +56,7 @@ bench: setup  ## training throughput vs x-transformers and a minimal model, the 
 compile-kernels: setup  ## compile every Triton kernel for sm_90 (H100/H200) without a GPU: registers, spills, shared memory
 	$(BIN)/python scripts/compile_kernels.py
 
-gpu-wheels: setup  ## the packages the lent GPU machine lacks, as wheels in .whl/ (docs/kernels.md, GPU checks)
+gpu-wheels: setup  ## wheels in .whl/ for a CUDA host without a package index (docs/kernels.md, GPU checks)
 	$(BIN)/python scripts/gpu_wheels.py
 
 clean:  ## remove caches (not .venv, not runs/)

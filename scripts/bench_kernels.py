@@ -2,7 +2,7 @@
 
     python scripts/bench_kernels.py                  # the full grid, bf16, within --budget-s (default 13 min)
     python scripts/bench_kernels.py --quick          # L in {4k, 1k}, head dim 64: a few minutes
-    python scripts/bench_kernels.py --resume         # run only what --out's .jsonl lacks (the grid over sessions)
+    python scripts/bench_kernels.py --resume         # run only what --out's .jsonl lacks (the grid over several runs)
     python scripts/bench_kernels.py --interpret      # CPU, Triton's interpreter, tiny sizes: the script end to end
 
 Cases (attention over L tokens, batch x L = 16k tokens, heads x head dim = 1024):
@@ -21,11 +21,11 @@ forward and 2.5x that backward (FlashAttention's convention), the same count for
 (the first call of each compiles; compile time is logged, not timed). Every configuration first checks the
 Triton output against SDPA's (max abs error in the table). Results are written after every measurement (a
 run cut off by its time budget still reports): JSON lines next to the table, and the markdown between the
-``bench_kernels`` markers of ``--out`` (docs/benchmarks.md). Targets (issue 7, H200): plain causal
+``bench_kernels`` markers of ``--out`` (docs/benchmarks.md). Targets (H200): plain causal
 forward+backward >= 0.9x SDPA; biased, windowed and sparse >= 1.1x FlexAttention.
 
-One file over 400 lines: the GPU session runs it as one script (grid, budget, resume, report), which the
-device check copies as is.
+One file over 400 lines: a GPU host runs it as one script (grid, budget, resume, report), which
+scripts/gpu_checks.sh calls as is.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     torch.manual_seed(0)
     jsonl = args.out.with_suffix(".kernels.jsonl")
     rows: list[dict[str, Any]] = []
-    if args.resume and jsonl.exists():  # an earlier run's measurements, e.g. another session's share of the grid
+    if args.resume and jsonl.exists():  # an earlier run's measurements, e.g. an earlier share of the grid
         rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     else:
         jsonl.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""The exit slot's experiments (issue 6); tables go into docs/results.md, plots next to it.
+"""The exit slot's experiments; tables go into docs/results.md, plots next to it.
 
     python scripts/exit_experiments.py calm      # early exit on the embedded-corpus LM (~12 min train + ~6 min)
     python scripts/exit_experiments.py act       # UT + ACT on parity of varying difficulty, a tau sweep (~20 min)

@@ -1,4 +1,4 @@
-"""The fine-tuning recipes of docs/finetuning.md, run and measured (issue 23, "Fine-tuning").
+"""The fine-tuning recipes of docs/finetuning.md, run and measured.
 
     python scripts/exp_finetune.py all                        # the three recipes, tables into docs/finetuning.md
     python scripts/exp_finetune.py memorizing --seeds 0,1,2   # decoder -> memory=memorizing vs no memory

@@ -1,4 +1,4 @@
-"""The sequence-to-sequence experiments (issue 23); tables go into docs/results.md, plots next to it.
+"""The sequence-to-sequence experiments; tables go into docs/results.md, plots next to it.
 
     python scripts/exp_seq2seq.py arch     # encoder-decoder vs decoder-only (source as a prefix), docstrings
     python scripts/exp_seq2seq.py mlm      # MLM self-pretraining then fine-tuning vs from scratch, ListOps

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU check of the Triton kernels in one run, sized for one call of the workplace's device tool
-# (at most ~9 minutes; docs/kernels.md#gpu-checks): kernel parity on CUDA (bf16 included),
+# Every GPU check of the Triton kernels in one run on a CUDA host
+# (at most ~9 minutes; docs/kernels.md, "Running them on your CUDA host"): kernel parity on CUDA (bf16 included),
 # the end-to-end training check and ~3 minutes of the benchmark grid. Each step has its own time limit, so a slow step
-# cannot starve the others; everything written so far is kept. At most 7 files go to $OUT (the device tool
-# brings back 8): gpu.txt, parity.txt, e2e.txt, kernel_e2e.json, bench.txt, benchmarks.md and its .jsonl.
+# cannot starve the others; everything written so far is kept. It writes 7 files into $OUT
+# (default runs/gpu_checks): gpu.txt, parity.txt, e2e.txt, kernel_e2e.json, bench.txt, benchmarks.md and its .jsonl.
 #
-#   python scripts/gpu_wheels.py               # here, once: the packages the GPU machine lacks, into .whl/
-#   OUT=/tmp/x bash scripts/gpu_checks.sh      # there (carry .whl); then copy $OUT/benchmarks.md's kernel section
+#   python scripts/gpu_wheels.py               # only for a host without a package index: wheels into .whl/
+#   OUT=/tmp/x bash scripts/gpu_checks.sh      # on the CUDA host (with .whl/ if made); then copy $OUT/benchmarks.md's kernel section
 #                                              # and $OUT/benchmarks.kernels.jsonl into docs/ (the grid resumes there)
 #   QUICK=1 ...                                # bench_kernels --quick instead of the next share of the full grid
 #   CPU=1 OUT=/tmp/x bash scripts/gpu_checks.sh  # a rehearsal here: Triton's interpreter, tiny sizes
@@ -15,8 +15,8 @@ OUT=${OUT:-runs/gpu_checks}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # xfam from this checkout (nothing is pip-installed there)
-if ! $PY -c "import hydra, omegaconf, datasets" 2> /dev/null; then  # the GPU machine: from .whl (gpu_wheels.py)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # xfam from this checkout (whether or not it is pip-installed)
+if ! $PY -c "import hydra, omegaconf, datasets" 2> /dev/null; then  # a host without an index: from .whl (gpu_wheels.py)
     ls .whl/*.whl > /dev/null 2>&1 || { echo "hydra/datasets missing and no .whl/: run scripts/gpu_wheels.py, carry .whl"; exit 1; }
     # The folder's name must contain "site-packages": dill (datasets' fingerprints) pickles any module outside
     # such a folder or sys.prefix by value, and fails on pyarrow's types.
@@ -30,7 +30,7 @@ fi
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'lightning', lightning.__version__, 'hydra',
 hydra.__version__, 'datasets', datasets.__version__)" 2>&1; } >> "$OUT/gpu.txt"
 cat "$OUT/gpu.txt"
-# Step limits sized for the GPU machine; the CPU rehearsal's interpreter is slower (the parity tests alone ~2 min).
+# Step limits sized for an H100/H200; the CPU rehearsal's interpreter is slower (the parity tests alone ~2 min).
 if [ "${CPU:-0}" = "1" ]; then INTERPRET=--interpret SCALE=4; else INTERPRET= SCALE=1; fi
 # Parallel test processes compile kernels side by side (pytest-xdist, where installed).
 if $PY -c "import xdist" 2> /dev/null; then XDIST="-n 8"; else XDIST=; fi
@@ -46,8 +46,8 @@ echo "e2e exit $?" | tee -a "$OUT/e2e.txt"; tail -5 "$OUT/e2e.txt"
 cp /tmp/xfam_e2e/kernel_e2e.json "$OUT/" 2> /dev/null
 
 echo "== benchmark =="
-# --resume: the grid's measurements committed by earlier sessions (docs/benchmarks.kernels.jsonl) are kept and
-# only the rest runs, so sessions with a GPU fill the whole grid between them.
+# --resume: the grid's measurements already in docs/ (docs/benchmarks.kernels.jsonl) are kept and only the rest
+# runs, so successive runs fill the whole grid between them.
 cp docs/benchmarks.md "$OUT/benchmarks.md"
 [ -f docs/benchmarks.kernels.jsonl ] && cp docs/benchmarks.kernels.jsonl "$OUT/benchmarks.kernels.jsonl"
 if [ -n "$INTERPRET" ]; then ARGS="--interpret --lengths 48"

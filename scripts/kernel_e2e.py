@@ -1,4 +1,4 @@
-"""End-to-end check of the fused attention kernel (issue 7): the same training run twice, with
+"""End-to-end check of the fused attention kernel: the same training run twice, with
 ``attention=vanilla pos=alibi`` on the Triton kernel and on PyTorch's SDPA; the kernel must show in the
 log and every step's training loss must stay within ``--tol`` (relative, default 1%) of the SDPA run's.
 

@@ -1,4 +1,4 @@
-"""Run the experiments of issues 3 and 4 and write their tables (and plots) into docs/results.md.
+"""Run the attention and length-extrapolation experiments and write their tables (and plots) into docs/results.md.
 
     python scripts/run_experiments.py lra_listops             # ListOps: every attention, one shared backbone
     python scripts/run_experiments.py lsh_copy                # duplication: lsh at 1/2/4/8 eval rounds vs local

@@ -103,7 +103,7 @@ def render(data: dict[str, Any], docs: Path) -> None:
         f"{data['repeats']} forward+backward passes after a warm-up, each point a fresh process; memory = peak RSS "
         "minus the RSS before the inputs were made. `sdpa` = PyTorch's scaled_dot_product_attention (a flash "
         f"kernel on CPU), `einsum` = the materialising reference path. {ALLOCATOR[allocator]} "
-        "Targets (issue 3) at L = 8192: >= 3x faster than SDPA, memory slope <= 1.2 from 2k to 16k, memory "
+        "Targets at L = 8192: >= 3x faster than SDPA, memory slope <= 1.2 from 2k to 16k, memory "
         "<= 0.25x the einsum path's; time ~linear.",
         "",
         f"![attention benchmarks]({name}.png)",

@@ -1,4 +1,4 @@
-"""The experiment sweeps of issues 3 and 4 (scripts/experiments.yaml, configs/experiment/lra_listops.yaml,
+"""The attention and length-extrapolation experiment sweeps (scripts/experiments.yaml, configs/experiment/lra_listops.yaml,
 lsh_copy.yaml and extrapolation.yaml) compose and validate for every run, and the driver
 (scripts/run_experiments.py) trains, evaluates and collects results on tiny runs."""
 

@@ -1,5 +1,5 @@
-"""scripts/gpu_checks.sh rehearsed on CPU (CPU=1: Triton's interpreter, tiny sizes): the one script a session
-with a GPU runs must work end to end before it spends device time."""
+"""scripts/gpu_checks.sh rehearsed on CPU (CPU=1: Triton's interpreter, tiny sizes): the one script a CUDA
+host runs must work end to end before anyone spends GPU time on it."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 CPU attention works on large temporaries (scores, probabilities and their gradients: ~100 MB each
 for a 512-window at L = 8192). glibc's malloc serves such blocks with ``mmap`` and gives them back
 on ``free``, or trims its heap as soon as the top is free, so every step faults the same pages in
-again: measured on the 2-core development machine, a 512-window local attention's forward and
+again: measured on a 2-core AMD EPYC CPU, a 512-window local attention's forward and
 backward at L = 8192 spent ~40% of its time there (303 ms -> 180 ms when freed memory is kept).
 PyTorch's CPU tuning guide suggests jemalloc or tcmalloc for the same reason; this does it without
 a preloaded library: glibc keeps freed memory for reuse (no ``mmap`` for large blocks, no trimming).
