@@ -32,15 +32,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from xfam.core.logs import log_once
 
 #: Seed of the sentence choice in evaluation (training draws from torch's global RNG).
 EVAL_SEED = 0
+
+
+class GlobalModel(Protocol):
+    """What the objective uses of the model (an ``XfamModel``, which a slot does not import)."""
+
+    training: bool
+
+    def global_states(
+        self, tokens: Tensor, key_padding: Tensor | None = None, segments: Tensor | None = None
+    ) -> Tensor: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +64,9 @@ class SentenceCPC:
     n_global: int
     name: str = "cpc"
 
-    def __call__(self, model: nn.Module, inputs: Tensor, key_padding: Tensor | None, segments: Tensor | None) -> Tensor:
+    def __call__(
+        self, model: GlobalModel, inputs: Tensor, key_padding: Tensor | None, segments: Tensor | None
+    ) -> Tensor:
         log_once(
             f"attention=etc cpc_weight={self.weight}: ETC's CPC masks each sentence ({self.segment} long tokens) with "
             f"p={self.mask_prob}; one extra pass over the batch plus one per masked sentence"

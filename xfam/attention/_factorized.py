@@ -35,7 +35,7 @@ are applied on the visited pairs, and a score bias is evaluated on them with ``b
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -186,4 +186,4 @@ class FactorizedMechanism(SparseMechanism):
     def fast_path(
         self, path: str, pattern: SparsePattern, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask, bias: Any, p: float
     ) -> Tensor:
-        return factorized_attention(q, k, v, pattern, mask, bias, p)
+        return factorized_attention(q, k, v, cast(FactorizedPattern, pattern), mask, bias, p)  # (its own pattern)

@@ -101,6 +101,7 @@ def _geometry(pattern: FactorizedPattern, mask: AttnMask, device: torch.device) 
             factors.append(f)
             oks.append(ok)
             seen = f.to_query(ok.any(-1)) if seen is None else seen | f.to_query(ok.any(-1))
+        assert seen is not None  # (a pattern has at least one factor)
         empty = ~seen  # [m]
         chunks.append(Chunk(a * stride, b * stride, factors, oks, empty if empty.any() else None, {}))
     return Geometry(rows * stride, first * stride, chunks)

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import xfam.kernels.runtime as runtime  # (a plain import: mypy cannot follow xfam.kernels, see pyproject)
+from xfam.attention._base import AttentionMechanism
 from xfam.core.bias import ScoreBias, ScoreModifier
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log_once
 from xfam.core.mask import AttnMask
-from xfam.kernels import runtime
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -46,7 +47,11 @@ def blocker(
 
 
 def triton_refusals(
-    cls: type, params: dict[str, Any], selection: Any, fallback: str, own: tuple[str | None, ...] = ()
+    cls: type[AttentionMechanism],
+    params: dict[str, Any],
+    selection: Any,
+    fallback: str,
+    own: tuple[str | None, ...] = (),
 ) -> list[str]:
     """Before launch: the ``blocker`` reasons (and the mechanism's ``own``) that the configuration alone fixes for
     every call of a ``backend=triton`` mechanism ``cls`` (``params`` its settings, ``selection`` an

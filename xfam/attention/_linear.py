@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+import xfam.kernels.runtime as runtime  # (a plain import: mypy cannot follow xfam.kernels, see pyproject)
 from xfam.attention._base import AttentionMechanism
 from xfam.attention._linear_sums import bidirectional_sums, causal_sums, doc_index, finish, gaussian_matrix, quadratic
 from xfam.core.bias import ScoreBias, ScoreModifier
@@ -38,7 +39,6 @@ from xfam.core.errors import ConfigError
 from xfam.core.logs import log_once
 from xfam.core.mask import AttnMask
 from xfam.core.state import DecodeState, expand_kv
-from xfam.kernels import runtime
 
 
 class KernelAttention(AttentionMechanism):
@@ -62,6 +62,9 @@ class KernelAttention(AttentionMechanism):
     shared_keys = False  # its prefix sums restart at every change of document id (``doc_index``)
     cross_attention = True  # bidirectional sums over the keys: any key length (RFA without its causal gate)
     backends: ClassVar[tuple[str, ...]] = ("chunked", "quadratic", "triton")
+    seed: Tensor  # buffers (see above)
+    steps: Tensor
+    proj: Tensor  # the random features' projection
 
     def __init__(self, *, rows: int, head_dim: int, features: str, redraw_every: int | None, chunk: int, backend: str):
         super().__init__()
@@ -125,7 +128,9 @@ class KernelAttention(AttentionMechanism):
     def _bias_decay(ld: Tensor | None, bias: ScoreBias | None, like: Tensor) -> Tensor | None:
         if bias is None:
             return ld
-        rate = torch.log(bias.decay().to(like)).view(1, -1, 1)  # [1, H, 1]
+        decay = bias.decay()
+        assert decay is not None  # (``refusals``: the only bias here is a decay)
+        rate = torch.log(decay.to(like)).view(1, -1, 1)  # [1, H, 1]
         return rate if ld is None else ld + rate
 
     def forward(

@@ -138,6 +138,7 @@ class ChunkedPrefix(torch.autograd.Function):
         # reverse recurrence: d_kv[j] = G_{j+1}, G_j = dS_j + carry_j G_{j+1}, G_n = d_last (a reverse scan)
         b, h = q.shape[:2]
         init = None if d_last is None else d_last.reshape(b * h, m * dim)
+        d_s0: Tensor | None
         d_kv, d_s0 = decayed_scan(d_sb.view(b * h, n, m * dim), carry.reshape(b * h, n), init, reverse=True)
         del d_sb
         d_kv, d_s0 = d_kv.view(sb.shape), d_s0.view(b, h, m, dim) if ctx.has_s0 and need[7] else None
@@ -261,7 +262,7 @@ def _kernel_sums(
     doc0: Tensor | None,
     state: DecodeState | None,
     chunk: int,
-    m_last: Tensor,
+    m_last: Tensor | None,
 ) -> tuple[Tensor, Tensor, DecodeState]:
     """``causal_sums`` through the Triton kernel: documents become resets of the decay (log a = -inf at a
     document's first key), the queries are aligned with their keys."""
@@ -355,5 +356,6 @@ def quadratic(
         lg = lg.masked_fill(~allowed, float("-inf"))
     w = torch.exp(lg - lg.amax(-1, keepdim=True).detach())
     if fq is not None:
+        assert fk is not None  # (features of both or neither)
         w = w * (fq @ fk.transpose(-1, -2))
     return w @ v, w.sum(-1)

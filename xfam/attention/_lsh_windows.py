@@ -59,6 +59,7 @@ class _SortedWindows(torch.autograd.Function):
                 torch.bmm(qs[u], kw[st], out=s)  # [t, m, W] scores, then probabilities in place
                 base = st[:, None, None] * grain  # flat slot of window column 0
                 if other is not None:  # -log N_ij: the other rounds whose keys differ by 0 or 1 for the pair
+                    assert oq is not None  # (given with "other")
                     kq, kk = oq[:, u], other.unfold(-1, wd, grain)[:, st, None, :]  # [R-1, t, m|1, 1|W]
                     both = (kk == kq) | (kk == kq - 1)
                     if len(both) == 1:
@@ -119,8 +120,11 @@ def _sorted_windows(q, k, v, perm, rank, sb, keys, m: int, causal: bool, shared_
     with torch.no_grad():
         s, dev = torch.arange(n, device=q.device), q.device
         lo = s - torch.minimum(rank, rank % m + m)  # [B, H, R, L]
-        end = torch.searchsorted(sb, sb, right=True) - 1 if not causal else None  # last slot of the bucket
-        hi = s.expand_as(rank) if causal else torch.minimum(end, s - rank % m + m - 1)
+        if causal:
+            hi = s.expand_as(rank)
+        else:
+            end = torch.searchsorted(sb, sb, right=True) - 1  # last slot of the bucket
+            hi = torch.minimum(end, s - rank % m + m - 1)
         only = (lo == hi).view(g_n, n)
         if shared_self and causal:  # itself only when nothing else: the run stops before it
             hi = hi - (~only).view_as(hi).long()

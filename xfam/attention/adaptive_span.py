@@ -42,6 +42,7 @@ the symmetric distance ``x = |i - j|``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -213,6 +214,7 @@ class AdaptiveSpan(AttentionMechanism):
         A static span ratio outside ``[0, 1]`` (after an optimiser step) is projected back first.
         """
         if self.dynamic:
+            assert q is not None  # (dynamic spans are the queries')
             logit = torch.einsum("bhsd,hd->bhs", q, self.span_proj.to(q.dtype)) + self.span_bias.to(q.dtype)[:, None]
             z = self.max_span * torch.sigmoid(logit)  # [B, H, Sq]
             return z, float(z.detach().max())
@@ -268,7 +270,7 @@ class AdaptiveSpan(AttentionMechanism):
         return fused.triton_refusals(cls, params, selection, "block", (dynamic,))
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len, span = ctx.get("max_len"), params["max_span"]
         if max_len is not None and span is not None and span > max_len:
             return [

@@ -23,6 +23,7 @@ Every choice then depends only on positions before the query, so decoding equals
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -145,7 +146,8 @@ class BigBird(SparseMechanism):
         backend: Literal["auto", "block", "dense", "triton"] = "auto",
         dropout: Annotated[float, Probability] = 0.0,
     ):
-        spec = {"block": block, "window": window_blocks, "n_global": global_blocks, "random": random_blocks}
+        spec: dict[str, Any] = {"block": block, "window": window_blocks, "n_global": global_blocks}
+        spec["random"] = random_blocks
         spec.update(seed=seed, layer=layer, heads=heads, causal=causal)
         pattern = BigBirdPattern(**spec, k_len=max_len)
         super().__init__(pattern=pattern, backend=backend, dropout=dropout)
@@ -183,7 +185,7 @@ class BigBird(SparseMechanism):
         return out
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         out, max_len = [], ctx.get("max_len")
         b, w, g, r = params["block"], params["window_blocks"], params["global_blocks"], params["random_blocks"]
         if w % 2 == 0:

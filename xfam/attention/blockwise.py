@@ -22,6 +22,7 @@ one block (``[B, H, n, L/n, L/n]`` scores). Degenerate limit: n = 1 is dense att
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -132,7 +133,7 @@ class Blockwise(SparseMechanism):
         return self.attend(self._patterns[mask.k_len], q, k, v, mask, bias, modifier)
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         n, heads, max_len = params["n_blocks"], ctx.get("heads"), ctx.get("max_len")
         shifts, perms, out = params["shifts"], params["permutations"], []
         if max_len is not None and n > max_len:

@@ -46,7 +46,8 @@ model, not a layer (``model_objective``; ``xfam.attention._etc_cpc``).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -154,7 +155,10 @@ class ETC(AttentionMechanism):
         self.segment = -(-max_len // global_tokens)  # long tokens per global token's segment
         self.chunk = self.segment if g2l == "segment" else None
         self._patterns: dict[tuple[int, bool], ETCPattern] = {}
-        self.relative = RelativeLabels(heads, head_dim, max_distance, self.segment) if relative else None
+        self.relative = None
+        if relative:
+            assert heads is not None and head_dim is not None  # (injected by the model)
+            self.relative = RelativeLabels(heads, head_dim, max_distance, self.segment)
         self.cpc = SentenceCPC(cpc_weight, cpc_mask_prob, self.segment, global_tokens) if cpc_weight else None
 
     def rule(self, start: int, long_only: bool) -> ETCPattern:
@@ -177,7 +181,8 @@ class ETC(AttentionMechanism):
         n_g, start = self.aux_tokens, mask.offset  # the globals are the first n_g queries
         kh, vh = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # [B, H, Sk, Dh]
         if self.relative is not None:
-            bias = RelativeScores(self.relative, q, start, n_g, bias)
+            # (not a ScoreBias, but what the engines call of one: ``pairs`` / ``dense``)
+            bias = cast(ScoreBias, RelativeScores(self.relative, q, start, n_g, bias))
         if self.backend == "dense":
             return dense_sparse_attention(q, k, v, self.rule(start, False), mask, bias, p)
         if self.backend == "auto":
@@ -192,8 +197,9 @@ class ETC(AttentionMechanism):
         return self.cpc
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
-        out, max_len = [], ctx.get("max_len")
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
+        out: list[str] = []
+        max_len = ctx.get("max_len")
         if max_len is None:
             return out
         if params["radius"] > max_len:

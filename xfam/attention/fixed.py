@@ -23,6 +23,7 @@ attention (causal or bidirectional).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -121,7 +122,7 @@ class Fixed(FactorizedMechanism):
         super().__init__(pattern=FixedPattern(stride, summary, part, block), backend=backend, dropout=dropout)
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len, out = ctx.get("max_len"), []
         if max_len is not None and params["stride"] > max_len:
             out.append(

@@ -28,6 +28,7 @@ model is refused at build time) and has no (query, key) pairs for a score bias.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -203,8 +204,9 @@ class Linformer(AttentionMechanism):
         return torch.einsum("bhqr,bhqrd->bhqd", probs, vp.expand(-1, heads, -1, -1, -1))
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
-        n, k, out = ctx.get("max_len"), params["k"], []
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
+        n, k = ctx.get("max_len"), params["k"]
+        out: list[str] = []
         if n is None:
             return out
         if k > n:

@@ -6,6 +6,7 @@ queries in non-overlapping blocks of ``query_block`` positions attend to their o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -90,7 +91,7 @@ class Local(SparseMechanism):
         super().__init__(pattern=pattern, backend=backend, dropout=dropout)
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len, out = ctx.get("max_len"), []
         if max_len is not None and params["mode"] == "window" and params["window"] > max_len:
             out.append(

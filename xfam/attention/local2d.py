@@ -40,6 +40,7 @@ one-row image (``exact_params``) is dense attention.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -132,6 +133,7 @@ class Local2D(SparseMechanism):
 
     paper = "Parmar et al., 2018, arXiv:1802.05751 (Image Transformer, 2D local)"
     accepts_memory = False
+    pattern: Local2DPattern
 
     def __init__(
         self,
@@ -164,7 +166,7 @@ class Local2D(SparseMechanism):
         return self.attend(self.pattern, q, k, v, mask, bias, modifier)
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         (h, w), (qh, qw), max_len, out = params["shape"], params["query_block"], ctx.get("max_len"), []
         if max_len is not None and h * w != max_len:
             out.append(

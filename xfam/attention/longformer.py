@@ -36,6 +36,7 @@ where only a few heads are dilated, the ``per_head`` schedule gives each head gr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -119,7 +120,7 @@ class Longformer(SparseMechanism):
         self.window, self.dilation, self.global_tokens = window, per_head, glob
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         out = []
         max_len, causal, heads = ctx.get("max_len"), ctx.get("causal"), ctx.get("heads")
         w, dil = params["window"], params["dilation"]

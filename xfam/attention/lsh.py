@@ -38,7 +38,8 @@ per step; keys in front of the queries (memory) would have no query to hash: ``a
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -147,7 +148,7 @@ def bucket_attention(
         if shared_self:
             add = add - itself.to(q.dtype) * _self_penalty(q.dtype)  # (a float times a bool tensor is fp32)
         if rounds > 1:  # N_ij: the rounds that visit the pair
-            count = sum(visits(r, q_pos, k_pos).to(torch.uint8) for r in range(rounds))
+            count = cast(Tensor, sum(visits(r, q_pos, k_pos).to(torch.uint8) for r in range(rounds)))
             add = add - torch.log(torch.arange(rounds + 1, device=q.device, dtype=q.dtype).clamp_min(1))[count.long()]
         add = torch.where(ok, add, add.new_tensor(torch.finfo(q.dtype).min / 2))  # /2: room for a bias
     if dense:
@@ -227,7 +228,7 @@ class LSH(AttentionMechanism):
         self._fixed: dict[Any, Tensor] = {}
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len, out = ctx.get("max_len"), []
         nb = params["n_buckets"]
         if max_len is not None and params["chunk"] > max_len:

@@ -31,6 +31,7 @@ k/v ``[B, Hkv, Sk, Dh]``, features ``[B, H, S, 2m]``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -93,6 +94,7 @@ class RFA(KernelAttention):
     decay_params = ("gate_w",)  # the gate's weights, not its bias (xfam.training.lit.optim)
 
     paper = "Peng et al., ICLR 2021, arXiv:2103.02143"
+    log_sigma: Tensor  # a Parameter (learn_sigma) or a buffer
 
     def __init__(
         self,
@@ -157,7 +159,7 @@ class RFA(KernelAttention):
         return self._inputs(q) @ self._inputs(k).transpose(-1, -2)  # x . y / sigma^2: [B, H, Sq, Sk]
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         out = []
         if params["gate"] and ctx.get("causal") is False:
             out.append(

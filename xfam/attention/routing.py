@@ -29,7 +29,8 @@ reference code's commitment loss ``commitment * mean |x - sg(mu(x))|^2`` is retu
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,7 @@ class Routing(AttentionMechanism):
     accepts_memory = False
     aux_loss = True  # the commitment loss
     backends = ("grouped", "dense")
+    centroids: Tensor  # [H, C, Dh], a buffer
 
     def __init__(
         self,
@@ -83,7 +85,7 @@ class Routing(AttentionMechanism):
         self._aux: dict[str, Tensor] = {}
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len, out = ctx.get("max_len"), []
         for key in ("window", "n_clusters"):
             if max_len is not None and params[key] > max_len:
@@ -131,7 +133,7 @@ class Routing(AttentionMechanism):
         routed.append((qn, q_clusters, None if pad is None else pad[:, mask.offset :]))
         if self.commitment:
             losses = [self._commitment(x, a, ok) for x, a, ok in routed]
-            self._aux = {"routing": self.commitment * sum(losses) / len(losses)}
+            self._aux = {"routing": self.commitment * cast(Tensor, sum(losses)) / len(losses)}
         if self.training and torch.is_grad_enabled():
             self._update(routed)
         return out

@@ -29,6 +29,7 @@ O(nB^2 * b * Dh) for the mixtures, no L x L tensor.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -111,7 +112,7 @@ class Sinkhorn(AttentionMechanism):
         self.b_b = nn.Parameter(torch.zeros(kv_heads, 1, self.max_blocks))
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len = ctx.get("max_len")
         if max_len is not None and params["block"] > max_len:
             return [
@@ -212,6 +213,7 @@ class Sinkhorn(AttentionMechanism):
         # document of its block's first position
         slot_ok = (den > 0).repeat_interleave(rep, 1)[:, :, :, None, :] & real_q  # [B, H, nB, b, b]
         if first_seg is not None:
+            assert mask.segments is not None  # (first_seg comes from them)
             q_seg = F.pad(mask.segments.to(q.device), (0, n * b - s_k), value=-1).view(bsz, 1, n, b, 1)
             slot_ok = slot_ok & (q_seg == first_seg.view(bsz, 1, n, 1, 1))
         qb = self._blocks(F.pad(q, (0, 0, off, 0)), n) / math.sqrt(d)  # [B, H, nB, b, Dh]

@@ -20,6 +20,7 @@ every position (bidirectional): dense attention.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
@@ -123,7 +124,7 @@ class Strided(FactorizedMechanism):
         super().__init__(pattern=StridedPattern(stride, part, block), backend=backend, dropout=dropout)
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len = ctx.get("max_len")
         if max_len is not None and params["stride"] > max_len:
             return [

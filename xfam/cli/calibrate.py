@@ -20,6 +20,8 @@ from xfam.eval.calibrate import grid_threshold, hoeffding_bentkus_pvalue, ltt_th
 from xfam.eval.inference import compares_full_depth, set_exit_options, threshold_sweep
 from xfam.eval.loop import split_loader
 from xfam.model.checkpoint import load_model
+from xfam.model.encoder_decoder import EncoderDecoder
+from xfam.model.transformer import XfamModel
 
 #: Default candidates, most conservative first (confidences near 1 exit least; saturation is a cosine).
 GRIDS = {
@@ -38,6 +40,7 @@ def candidates(policy: Any, given: list[float]) -> list[float]:
 @torch.no_grad()
 def calibrate(args: Args) -> dict[str, Any]:
     model, meta = load_model(args.ckpt, args.device)
+    assert isinstance(model, XfamModel | EncoderDecoder)  # (what build_model builds)
     if not compares_full_depth(model):
         raise ConfigError(
             f"{args.ckpt} was trained with exit={meta['config']['exit']['name']}, which has no exit threshold. "

@@ -63,7 +63,8 @@ def optimizer_names(ckpt: dict[str, Any]) -> list[list[str]]:
     if spec.freeze:
         freeze(model, spec.freeze)
     record = ckpt.get("callbacks", {}).get(FinetuneRecord.__qualname__)
-    split = None if record is None else ParamSplit(frozenset(record["loaded"]), spec.lr_loaded, spec.lr_new)
+    loaded = None if record is None else frozenset(record["loaded"])
+    split = None if loaded is None else ParamSplit(loaded=loaded, lr_loaded=spec.lr_loaded, lr_new=spec.lr_new)
     names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
     groups = param_groups(model, OptimSpec(**cfg["optim"]), split)
     order = [names[id(p)] for g in groups for p in g["params"]]

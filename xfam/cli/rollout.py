@@ -11,6 +11,7 @@ from xfam.cli.grammar import Args
 from xfam.core.errors import ConfigError
 from xfam.eval.rollout import normalised, rollout, targets_of
 from xfam.model.checkpoint import load_model
+from xfam.model.transformer import XfamModel
 
 
 def run(args: Args) -> list[dict]:
@@ -32,6 +33,7 @@ def run(args: Args) -> list[dict]:
                 f"there is nothing to act in. Fix: train with data.env=<the environment of the trajectories>."
             ]
         )
+    assert isinstance(model, XfamModel)  # (a decision model)
     reference = decision.get("reference_returns")
     rows = []
     print(f"{args.ckpt}: {args.episodes} episodes of {decision['env']} per target (seeds {args.seed}..)")

@@ -21,6 +21,7 @@ from xfam.eval.generate import generate, stream_logits
 from xfam.eval.inference import agreement, compares_full_depth, full_depth_logits, set_exit_options
 from xfam.model.checkpoint import load_model
 from xfam.model.encoder_decoder import EncoderDecoder
+from xfam.model.transformer import XfamModel
 
 if TYPE_CHECKING:
     from xfam.knnlm import KnnMixer
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 def sample(args: Args) -> None:
     model, meta = load_model(args.ckpt, args.device)
+    assert isinstance(model, XfamModel | EncoderDecoder)  # (what build_model builds)
     set_exit_options(model, meta["config"], args.overrides)
     if isinstance(model, EncoderDecoder):
         return translate_checkpoint(model, meta, args)
@@ -77,6 +79,7 @@ def sample(args: Args) -> None:
     if args.check:
         with torch.no_grad():
             if model.uses_memory:  # the stream segment by segment, memory carried: what generation must equal
+                assert segment_len is not None  # (memory_segments: a memory model's)
                 full = stream_logits(model, tokens[:, :-1], segment_len, boundary)[:, prompt.shape[1] - 1 :]
             else:
                 full = model(tokens[:, :-1]).logits[:, prompt.shape[1] - 1 :]  # recompute without a cache
@@ -95,7 +98,7 @@ def sample(args: Args) -> None:
             raise SystemExit(1)
 
 
-def memory_segments(model: torch.nn.Module, meta: dict) -> tuple[int | None, int | None]:
+def memory_segments(model: XfamModel, meta: dict) -> tuple[int | None, int | None]:
     """A memory model's training segment length (``data.seq_len``) and, when the run marked documents
     (``data.doc_mask``), the token that ends one (the data's eos); ``(None, None)`` without memory."""
     if not model.uses_memory:
@@ -104,7 +107,7 @@ def memory_segments(model: torch.nn.Module, meta: dict) -> tuple[int | None, int
     return data["seq_len"], meta["data_info"].get("eos_id") if data.get("doc_mask") else None
 
 
-def knn_mixer(model: torch.nn.Module, meta: dict, args: Args) -> KnnMixer:
+def knn_mixer(model: XfamModel, meta: dict, args: Args) -> KnnMixer:
     """kNN-LM over ``args.knnlm_store``, refused for another model's store (see ``xfam.knnlm``)."""
     from xfam.knnlm import Datastore, KnnMixer, check_supported, checkpoint_identity
 
@@ -119,7 +122,7 @@ def knn_mixer(model: torch.nn.Module, meta: dict, args: Args) -> KnnMixer:
     return KnnMixer(model, store, k=args.knnlm_k, lam=args.knnlm_lambda, temperature=args.knnlm_temperature)
 
 
-def report_depth(model: torch.nn.Module, tokens: torch.Tensor, logits: torch.Tensor, depth: torch.Tensor) -> None:
+def report_depth(model: XfamModel, tokens: torch.Tensor, logits: torch.Tensor, depth: torch.Tensor) -> None:
     """Layers used per generated token, the compute saved, and (early exit) how often the token's top-1
     prediction equals the full-depth model's given the same prefix."""
     mean = depth.float().mean().item()

@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xfam.core.errors import did_you_mean
 from xfam.model import compat
+
+if TYPE_CHECKING:
+    from xfam.data.base import DataSource
 
 #: Aux-loss metrics are ``{split}/{slot}/{name}`` with names of the components' own (``val/attention/span``).
 AUX_METRIC_SLOTS = ("attention", "memory", "exit")
 
 
-def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
+def final_metrics(cfg: Mapping[str, Any], data_cls: type[DataSource] | None, sel: compat.Selection) -> list[str]:
     """The metric names a run of ``cfg`` returns when it ends (``runner.train``; what ``optimized_metric``
     may name): ``step``, ``train/tokens_per_s``, and for val (and test, with ``test=true``) the task's metrics
     (``xfam.eval.metrics.summarize``): loss and acc (regress, continuous decision: loss, mse, rmse, mae); lm,
@@ -39,14 +42,14 @@ def final_metrics(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Sel
     return ["step", "train/tokens_per_s"] + [f"{s}/{n}" for s in splits for n in names]
 
 
-def continuous_targets(task: str, cfg: Mapping[str, Any], data_cls: type | None) -> bool:
+def continuous_targets(task: str, cfg: Mapping[str, Any], data_cls: type[DataSource] | None) -> bool:
     """Whether the task's targets are vectors scored by squared error (regress, decision on continuous actions)."""
     if task == "decision" and data_cls is not None:
         return data_cls.inputs_for(cfg["data"]).get("action_dim") is not None
     return task == "regress"
 
 
-def _metric_problems(cfg: Mapping[str, Any], data_cls: type | None, sel: compat.Selection) -> list[str]:
+def _metric_problems(cfg: Mapping[str, Any], data_cls: type[DataSource] | None, sel: compat.Selection) -> list[str]:
     """``optimized_metric`` (read when the run ends) and ``callbacks.monitor`` (read at each validation) must
     name metrics this run produces: found wrong only after training, otherwise."""
     out = []

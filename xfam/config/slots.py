@@ -15,14 +15,15 @@ import xfam.pos  # noqa: F401  (registers every component)
 from xfam.attention._base import ATTENTION
 from xfam.config.run import EncoderStack
 from xfam.core.errors import ConfigError
+from xfam.core.registry import Registry
 from xfam.core.schedule import per_head, per_layer
 from xfam.exit._base import EXIT
-from xfam.memory._base import MEMORY
+from xfam.memory._base import MEMORY, Memory
 from xfam.model import compat
 from xfam.model.spec import ModelSpec
 from xfam.pos._base import POS
 
-SLOTS = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}
+SLOTS: dict[str, Registry[Any]] = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}
 
 
 def resolve_streams(cfg: Mapping[str, Any]) -> tuple[bool, str]:
@@ -32,7 +33,7 @@ def resolve_streams(cfg: Mapping[str, Any]) -> tuple[bool, str]:
     return streams_of(cfg["loader"], memory)
 
 
-def streams_of(loader: Mapping[str, Any], memory: list[tuple[type, dict]]) -> tuple[bool, str]:
+def streams_of(loader: Mapping[str, Any], memory: list[tuple[type[Memory], dict]]) -> tuple[bool, str]:
     """Whether batches are contiguous streams, and why (``loader.streams=auto``: when a memory needs them)."""
     chosen = loader.get("streams", "auto")
     if chosen != "auto":

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Literal, cast
 
 from xfam.core.registry import NonNegative, Positive, Probability
+
+#: What ``task.name`` may be.
+TaskName = Literal["auto", "lm", "mlm", "classify", "tag", "seq2seq", "regress", "decision"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,7 +48,7 @@ class TaskSpec:
             evaluation), else take the most likely one; continuous actions are always the prediction.
     """
 
-    name: Literal["auto", "lm", "mlm", "classify", "tag", "seq2seq", "regress", "decision"] = "auto"
+    name: TaskName = "auto"
     rate: Annotated[float, Probability] = 0.15
     mask_frac: Annotated[float, Probability] = 0.8
     random_frac: Annotated[float, Probability] = 0.1
@@ -60,12 +64,12 @@ class TaskSpec:
     rollout_sample: bool = True
 
 
-def known_task(name: object) -> str:
+def known_task(name: object) -> TaskName:
     """``name`` if it is a task ``TaskSpec`` takes, else ``auto`` (to go on checking a section with other problems)."""
-    return name if name in typing.get_args(typing.get_type_hints(TaskSpec)["name"]) else "auto"
+    return cast(TaskName, name) if name in typing.get_args(typing.get_type_hints(TaskSpec)["name"]) else "auto"
 
 
-def resolve_task(spec: TaskSpec, data_task: str, data_name: str, sources: dict[str, str]) -> tuple[str, list[str]]:
+def resolve_task(spec: TaskSpec, data_task: str, data_name: str, sources: Mapping[str, str]) -> tuple[str, list[str]]:
     """The task trained (``spec.name``, or the data's for ``auto``) and the problems of the choice.
     ``sources``: every data source's own task by name, for the alternatives in a refusal."""
     if spec.name == "auto" or spec.name == data_task:

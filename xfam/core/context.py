@@ -7,14 +7,17 @@ from typing import Protocol
 
 from torch import Tensor
 
-from xfam.core.bias import ScoreBias
+from xfam.core.bias import ScoreBias, ScoreModifier
 from xfam.core.mask import AttnMask
 
 
 class Rotary(Protocol):
-    """What a layer uses of the positional encoding: its rotation (identity for non-rotary kinds)."""
+    """What a layer uses of the positional encoding: its rotation (identity for non-rotary kinds) and its
+    layer's score modifier (None for most kinds)."""
 
     def rotate(self, x: Tensor, tables: tuple[Tensor, ...], key: bool = False) -> Tensor: ...
+
+    def score_modifier(self, layer: int) -> ScoreModifier | None: ...
 
 
 @dataclasses.dataclass

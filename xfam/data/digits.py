@@ -105,7 +105,9 @@ class Digits(GeneratedSource):
     ):
         args = locals()
         self.params = {k: v for k, v in args.items() if k not in ("self", "__class__", "batch_size")}
-        self.batch_size, self.seed, self.seq_len = batch_size, seed, None
+        self.batch_size, self.seed = batch_size, seed
+        # (an image per row, no token window: data_info records seq_len None, as a checkpoint of it holds)
+        self.seq_len = None  # type: ignore[assignment]
         self.vocab_size, self.num_classes = 0, 10
 
     @classmethod

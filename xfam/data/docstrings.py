@@ -141,7 +141,7 @@ def decode_source(data: bytes) -> str | None:
 
 def first_paragraph(docstring: str) -> str:
     """The first paragraph of a docstring (``inspect.cleandoc`` applied already), whitespace collapsed."""
-    lines = []
+    lines: list[str] = []
     for line in docstring.splitlines():
         if not line.strip():
             if lines:
@@ -172,6 +172,8 @@ class _Lines:
 def function_source(lines: _Lines, node: ast.FunctionDef | ast.AsyncFunctionDef) -> bytes:
     """The function's source bytes (decorators included) without its docstring statement, dedented."""
     raw, doc = lines.raw, node.body[0]
+    assert node.end_lineno is not None and node.end_col_offset is not None  # (ast.parse sets every position)
+    assert doc.end_lineno is not None and doc.end_col_offset is not None
     first = min([node.lineno] + [d.lineno for d in node.decorator_list])
     start, end = lines.line_start(first), lines.at(node.end_lineno, node.end_col_offset)
     cut_a, cut_b = lines.at(doc.lineno, doc.col_offset), lines.at(doc.end_lineno, doc.end_col_offset)
@@ -306,7 +308,8 @@ class Docstrings(Seq2SeqSource):
                 "target": List(Value("uint8")),
             }
         )
-        self._splits, stats, per_file = {}, {}, Counter()
+        self._splits, stats = {}, {}
+        per_file: Counter[str] = Counter()
         for name in SPLITS:
             mine = [e for e in entries if e["split"] == name]
             cap = split_share(self.max_pairs, name, self.val_fraction, self.test_fraction)

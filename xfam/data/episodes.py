@@ -82,7 +82,7 @@ class Episodes:
 
     @classmethod
     def concat(cls, parts: list[Episodes]) -> Episodes:
-        policies = None if any(p.policies is None for p in parts) else [x for p in parts for x in p.policies]
+        policies = None if any(p.policies is None for p in parts) else [x for p in parts for x in p.policies or []]
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
         return cls(cat("states"), cat("actions"), cat("rewards"), cat("lengths"), policies)
 

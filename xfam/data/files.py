@@ -55,7 +55,8 @@ def _walk(root: Path, extensions: list[str]) -> tuple[list[tuple[str, Path, tupl
                 return walk
         except OSError:
             pass
-    found, seen, exts = [], Counter(), tuple(e.lower() for e in extensions)
+    found, exts = [], tuple(e.lower() for e in extensions)
+    seen: Counter[str] = Counter()  # files by extension
     top = str(root)
     folders, stamps = [top], {}
     while folders:

@@ -159,6 +159,7 @@ def policy(name: str, kind: PolicyKind, noise: float, rng: np.random.Generator) 
         raise ValueError(f"unknown policy kind {kind!r}; the kinds are {', '.join(POLICY_KINDS)}")
     if info.discrete:
         n = info.num_actions
+        assert n is not None  # (discrete: it has a number of actions)
 
         def act(obs: np.ndarray) -> Any:
             if kind == "random" or (kind == "noisy" and rng.random() < noise):

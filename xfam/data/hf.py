@@ -184,8 +184,8 @@ class HFSource(PackedLM):
         if problems := pair_problems(pairs):
             raise ConfigError(f"data=hf: {problems[0]}")
         if is_pairs(pairs):
-            self.task = "seq2seq"
-            lengths = {"source_len": source_len, "target_len": target_len, "truncate": truncate}
+            assert isinstance(self, HFPairs)  # (``__new__`` made it one; its class's task is seq2seq)
+            lengths: dict[str, Any] = {"source_len": source_len, "target_len": target_len, "truncate": truncate}
             self.keep_lengths(**lengths, batch_size=batch_size, seed=seed)
 
     @classmethod
@@ -252,7 +252,9 @@ class HFSource(PackedLM):
         packer = Packer(tok, self.eos_id, self.seq_len, self.batch_size)
         carved = {name: self.fractions[name] for name in ("validation", "test") if self.split_names[name] is None}
         train = self.split_names["train"]
-        self._splits, stats = {}, {}
+        assert train is not None  # (train_split is a name)
+        self._splits = {}
+        stats: dict[str, Any] = {}
         for name in ("validation", "test"):
             opener = Opener(self.path, self.config_name, self.split_names[name] or train, 0, self.seed)
             try:
@@ -337,8 +339,10 @@ class HFSource(PackedLM):
         params = {f"{k}_split": v for k, v in self.split_names.items()} | columns
         if problems := _split_problems(params, layout):
             raise ConfigError([f"data=hf: {p}" for p in problems])
-        train = loaded[self.split_names["train"]]
-        docs = {name: loaded[self.split_names[name]] for name in SPLITS if self.split_names[name] is not None}
+        train_split = self.split_names["train"]
+        assert train_split is not None  # (train_split is a name)
+        train = loaded[train_split]
+        docs = {name: loaded[given] for name in SPLITS if (given := self.split_names[name]) is not None}
         carve = [name for name in SPLITS if name not in docs]
         if carve:
             order = np.random.default_rng(self.seed).permutation(len(train))

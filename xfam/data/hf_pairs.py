@@ -18,6 +18,7 @@ data fingerprint adds ``source_len`` and ``target_len``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -105,10 +106,17 @@ class PairsMixin(Seq2SeqSource):
     """
 
     contiguous: ClassVar[bool] = False
+    # (what the class it is mixed into provides; see above)
+    load_splits: Callable[[dict[str, str]], tuple[dict[str, Any], str, dict[str, Any]]]
+    source_column: str | None  # (both set: a pairs source)
+    target_column: str | None
+    tokenizer_kind: str
+    bpe_vocab_size: int
 
     def prepare(self) -> None:
         if getattr(self, "_splits", None):
             return
+        assert self.source_column is not None and self.target_column is not None  # (a pairs source)
         columns = (self.source_column, self.target_column)
         docs, corpus_fp, corpus = self.load_splits(dict(zip(PAIR_KEYS, columns)))
         train = docs["train"].with_format("arrow")

@@ -105,7 +105,8 @@ class XfamDataModule(L.LightningDataModule):
             return DataLoader(
                 dataset,
                 batch_size=None,
-                collate_fn=StreamCollate(self.collate),
+                # (batch_size=None: the collate gets one item; torch types it as a list of them)
+                collate_fn=StreamCollate(self.collate),  # type: ignore[arg-type]
                 num_workers=self.num_workers,
                 persistent_workers=self.num_workers > 0,
             )

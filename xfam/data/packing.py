@@ -22,13 +22,13 @@ only, not on how they are stored.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow.compute as pc
 
 from xfam.core.errors import ConfigError
-from xfam.data.base import DataSource
+from xfam.data.base import DataSource, Task
 from xfam.data.cache import cached_generate, rows_check
 from xfam.data.shards import (  # noqa: F401  (pack_rows: the packing rule, defined beside the shards it reads)
     SHARD_FORMAT,
@@ -105,8 +105,11 @@ class PackedLM(DataSource):
     """
 
     num_proc: int | None = None
+    tokenizer_kind: str  # (set by the subclass, as below)
+    bpe_vocab_size: int
+    _splits: dict[str, Any]  # per split its rows (``PackedRows``; a streamed train split: ``StreamedSplit``)
 
-    task = "lm"
+    task: ClassVar[Task] = "lm"
     contiguous = True
     byte_text = True
     join_eos: bool = True

@@ -73,7 +73,7 @@ def pack_rows(stream: np.ndarray, seq_len: int) -> np.ndarray:
     return np.ascontiguousarray(windows[::seq_len][:n])
 
 
-def plan(text_bytes: Sequence[int], shard_bytes: int | None = None) -> list[tuple[int, int]]:
+def plan(text_bytes: Sequence[int] | np.ndarray, shard_bytes: int | None = None) -> list[tuple[int, int]]:
     """``[start, end)`` document ranges of the shards: consecutive documents until ``shard_bytes`` of text."""
     ranges, start, size, shard_bytes = [], 0, 0, shard_bytes or SHARD_BYTES
     for i, n in enumerate(text_bytes):
@@ -270,7 +270,13 @@ def readable(path: Path) -> None:
 
 
 def prepare_split(
-    encoder: Encoder, split: str, folder: Path, text_bytes: Sequence[int], num_proc: int, desc: str, vocab_size: int
+    encoder: Encoder,
+    split: str,
+    folder: Path,
+    text_bytes: Sequence[int] | np.ndarray,
+    num_proc: int,
+    desc: str,
+    vocab_size: int,
 ) -> dict[str, Any]:
     """The sealed index of one split's shards in ``folder``: loaded when sealed and intact, else written
     (only the shards that are missing or damaged; the others are kept)."""

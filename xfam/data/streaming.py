@@ -164,8 +164,9 @@ class StreamedTrain(torch.utils.data.IterableDataset):
             docs = documents(stream, self.column)
             while True:
                 before = stream.state_dict()  # the position before the next document
-                text = next(docs, StopIteration)
-                if text is StopIteration:
+                try:
+                    text = next(docs)
+                except StopIteration:
                     break
                 if not text or (self.fractions and carve(text, self.fractions) != "train"):
                     continue

@@ -14,7 +14,7 @@ from typing import Any
 
 from xfam.data.base import DataSource
 from xfam.data.masking import MaskingCollate
-from xfam.data.seq2seq import collate_prefix_lm
+from xfam.data.seq2seq import Seq2SeqSource, collate_prefix_lm
 
 
 def task_collate(
@@ -36,5 +36,8 @@ def task_collate(
             seed=seed,
         )
     if info["task"] == "seq2seq" and arch == "decoder":
-        return functools.partial(collate_prefix_lm, pad_id=source.pad_id, bos_id=source.bos_id, eos_id=source.eos_id)
+        assert isinstance(source, Seq2SeqSource)  # (a source of pairs)
+        pad, bos, eos = source.pad_id, source.bos_id, source.eos_id
+        assert pad is not None and bos is not None and eos is not None  # (prepare() gave the pairs their ids)
+        return functools.partial(collate_prefix_lm, pad_id=pad, bos_id=bos, eos_id=eos)
     return source.collate

@@ -183,7 +183,7 @@ class TextSource(PackedLM):
                     f"{self.val_fraction}, test_fraction={self.test_fraction}). Fix: pass more files or raise "
                     "the fractions."
                 )
-            split_entries = []
+            split_entries: list[dict[str, Any]] = []
             for key, path in chosen[name]:
                 size, digest, what = facts.of(path)
                 if what:

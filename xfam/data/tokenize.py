@@ -154,6 +154,7 @@ class BPETokenizer:
         out = []
         for i in range(self.vocab_size):
             token = self._tok.id_to_token(i)
+            assert token is not None  # (every id below vocab_size has a token)
             out.append(b"" if i == self.eos_id else bytes(to_byte[c] for c in token))
         return out
 
@@ -337,8 +338,8 @@ def _pretrained_id_bytes(tok: Any, spec: dict[str, Any], vocab: dict[str, int], 
     byte_fallback = bool(model.get("byte_fallback"))
     added = {a["id"]: a["content"] for a in spec.get("added_tokens") or []}
     tokens: list[str | None] = [None] * size
-    for token, i in vocab.items():
-        tokens[i] = token
+    for piece, i in vocab.items():
+        tokens[i] = piece
     generic: dict[int, bytes] = {}
     if scheme == "generic":
         ids = [i for i, t in enumerate(tokens) if t is not None and i not in drop and i not in added]

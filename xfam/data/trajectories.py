@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Iterator
 from importlib.metadata import version
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 from torch import Tensor
@@ -47,7 +47,7 @@ from xfam.data.trajectory_folder import episode_lengths, flat, folder_env_proble
 VERSION = "gym-episodes-1"
 EnvName = Literal["cartpole", "acrobot", "mountaincar", "pendulum"]
 PolicyName = Literal["expert", "noisy", "random"]
-assert set(EnvName.__args__) == set(ENVS), "EnvName must list xfam.data.gym_envs.ENVS"
+assert set(get_args(EnvName)) == set(ENVS), "EnvName must list xfam.data.gym_envs.ENVS"
 
 
 # --- generation -------------------------------------------------------------------------------------------
@@ -126,7 +126,11 @@ def _read_generated(ds: Any, info: EnvInfo) -> Episodes:
     table = ds.with_format("arrow")[:]
     states = flat(table, "observations").astype(np.float32).reshape(-1, info.state_dim)
     actions = flat(table, "actions")
-    actions = actions.astype(np.int64) if info.discrete else actions.astype(np.float32).reshape(-1, info.action_dim)
+    if info.discrete:
+        actions = actions.astype(np.int64)
+    else:
+        assert info.action_dim is not None  # (continuous)
+        actions = actions.astype(np.float32).reshape(-1, info.action_dim)
     rewards = flat(table, "rewards").astype(np.float32)
     lengths = table["length"].to_numpy().astype(np.int64)
     return Episodes(states, actions, rewards, lengths, table["policy"].to_pylist())

@@ -200,6 +200,7 @@ def folder_env_problems(path: str, dims: dict[str, Any], arrays: dict[str, Any],
         have = f"states of {dims['state_dim']} values" if "state_dim" in dims else "discrete states (int ids)"
         problems.append(f"{where}: the folder has {have}, {info.gym_id} {info.state_dim}.")
     if info.discrete:
+        assert info.num_actions is not None  # (discrete)
         if "num_actions" not in dims:
             problems.append(f"{where}: the folder has continuous actions, {info.gym_id} {info.num_actions} discrete.")
         else:

@@ -18,17 +18,20 @@ import torch
 from torch import Tensor
 
 from xfam.eval.forward import model_inputs
+from xfam.model.encoder_decoder import EncoderDecoder
+from xfam.model.transformer import XfamModel
 
 Carry = dict[str, Any]
 
 
 def carried_inputs(
-    model: torch.nn.Module, batch: dict[str, Tensor], carry: Carry | None, eos_id: int | None
+    model: XfamModel | EncoderDecoder, batch: dict[str, Tensor], carry: Carry | None, eos_id: int | None
 ) -> tuple[dict[str, Tensor], list[Any], Tensor | None]:
     """``(batch with continued document ids, the layers' memory to pass, each row's next document id)``.
 
     ``carry``: the previous batch's (None at the start of the streams: empty memory)."""
     if carry is None:
+        assert isinstance(model, XfamModel)  # (memory: compat refuses it for an encoder-decoder)
         rows = model_inputs(batch)
         carry = {"layers": model.init_memory(rows.shape[0], rows.device), "docs": None}
     docs = None
@@ -36,7 +39,11 @@ def carried_inputs(
         first = carry["docs"] if carry["docs"] is not None else torch.zeros_like(batch["segments"][:, 0])
         segments = batch["segments"] + first[:, None]  # [B, S], continuing the row's stream
         # the row's last document ends with it: a boundary token closes its document (text), or the data says so
-        boundary = batch["doc_end"] if "doc_end" in batch else batch["input_ids"][:, -1] == eos_id
+        if "doc_end" in batch:
+            boundary = batch["doc_end"]
+        else:
+            assert eos_id is not None  # (a source that marks no ends closes its documents with its eos)
+            boundary = batch["input_ids"][:, -1] == eos_id
         docs = segments[:, -1] + boundary.long()  # [B]
         batch = {**batch, "segments": segments}
     return batch, carry["layers"], docs

@@ -13,12 +13,14 @@ Shapes: B sequences, P prefix steps, n new steps, F values per step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from xfam.core.errors import ConfigError
 from xfam.eval.generate import CachedStream, SegmentStream, prefix_problems
-from xfam.model.transformer import XfamModel
+from xfam.model.transformer import ModelOutput, XfamModel
 
 
 def continuous_problems(model: XfamModel, segment_len: int | None = None) -> list[str]:
@@ -47,7 +49,9 @@ def generate_continuous(
             f"steps={steps}. Fix: pass at least one vector per sequence and a positive number of steps."
         )
     model.eval()
+    step: SegmentStream | CachedStream | Callable[[Tensor], ModelOutput]
     if model.uses_memory:
+        assert segment_len is not None  # (continuous_problems refused a memory model without it)
         step = SegmentStream(model, segment_len)
     elif cache:
         step = CachedStream(model)

@@ -20,7 +20,7 @@ Shapes: B samples, T tokens so far, S segment length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -184,7 +184,12 @@ def generate(
     if bad:  # (top_p <= 0 kept no token: NaN probabilities, and sampling failed inside torch)
         raise ConfigError(f"generate: {'; '.join(bad)}. Fix: a value in the valid range.")
     model.eval()
-    step = SegmentStream(model, segment_len, boundary) if model.uses_memory else CachedStream(model)
+    step: SegmentStream | CachedStream
+    if model.uses_memory:
+        assert segment_len is not None  # (generation_problems refused a memory model without it)
+        step = SegmentStream(model, segment_len, boundary)
+    else:
+        step = CachedStream(model)
     with knn if knn is not None else contextlib.nullcontext():
         out = step(prompt)
         tokens, used, depths = prompt, [], []
@@ -202,5 +207,6 @@ def generate(
                 break
             out = step(tokens)
             logits = out.logits[:, -1] if knn is None else knn(out.logits[:, -1])
-    depth = torch.stack(depths, dim=1) if depths and depths[0] is not None else None
+    # (every step's depth, or none)
+    depth = torch.stack(cast("list[Tensor]", depths), dim=1) if depths and depths[0] is not None else None
     return Generation(tokens, torch.stack(used, dim=1), depth)

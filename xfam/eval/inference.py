@@ -13,10 +13,11 @@ from xfam.core.errors import ConfigError
 from xfam.eval.forward import forward_batch
 from xfam.eval.metrics import add_stats, batch_stats, summarize
 from xfam.exit._base import EXIT, EarlyExitPolicy
+from xfam.model.encoder_decoder import EncoderDecoder
 from xfam.model.transformer import XfamModel
 
 
-def set_exit_options(model: XfamModel, config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def set_exit_options(model: XfamModel | EncoderDecoder, config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``exit.KEY=VALUE`` words (e.g. ``exit.threshold=0.8``) to the model's exit policy, after
     validating the changed exit config as training would; returns the config with the new exit section.
     Only options that do not change trained parameters (the policy's ``inference_options``) may change."""
@@ -45,20 +46,24 @@ def set_exit_options(model: XfamModel, config: dict[str, Any], overrides: list[s
     return {**config, "exit": exit_cfg}
 
 
-def compares_full_depth(model: XfamModel) -> bool:
+def compares_full_depth(model: XfamModel | EncoderDecoder) -> bool:
     """Whether the model's exit policy can leave the stack early (so a full-depth comparison means something)."""
     return isinstance(model.exit, EarlyExitPolicy)
 
 
 @torch.no_grad()
-def full_depth_logits(model: XfamModel, batch: dict[str, Tensor]) -> Tensor:
+def full_depth_logits(model: XfamModel | EncoderDecoder, batch: dict[str, Tensor]) -> Tensor:
     """The logits of the same model on ``batch`` with every layer run for every token."""
     with model.exit.full_depth():
         return forward_batch(model, batch).logits
 
 
 def full_depth_stats(
-    model: XfamModel, batch: dict[str, Tensor], task: str, token_bytes: Tensor | None, early_logits: Tensor
+    model: XfamModel | EncoderDecoder,
+    batch: dict[str, Tensor],
+    task: str,
+    token_bytes: Tensor | None,
+    early_logits: Tensor,
 ) -> dict[str, Tensor]:
     """One batch's sums for the comparison with full depth: the full model's ``batch_stats`` (keys
     ``full/...``) and the top-1 agreement of ``early_logits`` with it (``agree`` of ``agree_count``)."""
@@ -87,7 +92,7 @@ def agreement(early: Tensor, full: Tensor, keep: Tensor | None = None) -> tuple[
 
 @torch.no_grad()
 def threshold_sweep(
-    model: XfamModel,
+    model: XfamModel | EncoderDecoder,
     batches: list[dict[str, Tensor]],
     task: str,
     thresholds: list[float],
@@ -100,14 +105,18 @@ def threshold_sweep(
     ``loss`` (NLL per target) and ``bpb`` ``[K]``, plus the full model's ``full_loss`` / ``full_bpb``.
     """
     policy = model.exit
+    assert isinstance(policy, EarlyExitPolicy)  # (the caller's model exits early: compares_full_depth)
     before = policy.threshold
-    full, rows, sums = [], [], []
+    full: list[Tensor] = []
+    rows: list[Tensor] = []
+    sums: list[dict[str, Tensor]] = []
     for batch in batches:
         full.append(full_depth_logits(model, batch))  # [B, S, V]
     try:
         for threshold in thresholds:
             policy.threshold = float(threshold)
-            risk, total = [], {}
+            risk: list[Tensor] = []
+            total: dict[str, Tensor] = {}
             for batch, ref in zip(batches, full, strict=True):
                 out = forward_batch(model, batch)
                 per_token = task != "classify"
@@ -127,7 +136,7 @@ def threshold_sweep(
     def metric(s: dict[str, Tensor]) -> dict[str, Tensor]:
         return summarize(s, task, "m")
 
-    out = {
+    result: dict[str, Any] = {
         "thresholds": list(thresholds),
         "risk": torch.stack(rows, dim=1),  # [n, K]
         "depth": [float(metric(s)["m/depth"]) for s in sums],
@@ -135,6 +144,6 @@ def threshold_sweep(
         "full_loss": float(metric(full_total)["m/loss"]),
     }
     if "bytes" in full_total:
-        out["bpb"] = [float(metric(s)["m/bpb"]) for s in sums]
-        out["full_bpb"] = float(metric(full_total)["m/bpb"])
-    return out
+        result["bpb"] = [float(metric(s)["m/bpb"]) for s in sums]
+        result["full_bpb"] = float(metric(full_total)["m/bpb"])
+    return result

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -22,16 +22,21 @@ from xfam.knnlm.datastore import Datastore, DatastoreWriter, Neighbours, checkpo
 from xfam.knnlm.interpolate import check_knn_options, interpolate, knn_log_probs, knn_target_log_probs
 from xfam.knnlm.keys import KeyCapture, check_supported
 
+if TYPE_CHECKING:
+    from xfam.model.transformer import XfamModel
+
 #: Elements of one [rows, V] distribution tensor when accuracy needs whole distributions.
 ROWS_BUDGET = 1 << 22
 
 
-def load_checked(ckpt: str | Path, device: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
+def load_checked(ckpt: str | Path, device: str) -> tuple[XfamModel, dict[str, Any], dict[str, Any]]:
     """The checkpoint's model (refused if kNN-LM does not apply to it), metadata and identity."""
     from xfam.model.checkpoint import load_model
+    from xfam.model.transformer import XfamModel
 
     model, meta = load_model(ckpt, device)
     check_supported(model)
+    assert isinstance(model, XfamModel)  # (check_supported: a language model)
     return model, meta, checkpoint_identity(ckpt, model, meta["config"])
 
 
@@ -42,7 +47,7 @@ def default_store_dir(ckpt: str | Path, split: str) -> Path:
 
 
 def batches(
-    model: torch.nn.Module, meta: dict[str, Any], split: str, batch_size: int | None, limit: int | None, device: str
+    model: XfamModel, meta: dict[str, Any], split: str, batch_size: int | None, limit: int | None, device: str
 ) -> Iterator[tuple[dict[str, Tensor], Tensor, Tensor]]:
     """``(batch, logits [B, S, V], keys [B, S, D])`` over the first ``limit`` batches of ``split``, with a
     progress bar; a model with memory carries it from batch to batch, as in its training."""
@@ -163,7 +168,7 @@ class KnnScorer:
         for key, v in stats.items():
             sums[key] = sums.get(key, 0) + v
 
-    def metrics(self, prefix: str) -> dict[str, Any]:
+    def metrics(self, prefix: str) -> dict[Any, dict[str, float]]:
         """``{"base": {...}, (k, λ): {...}}``: loss, ppl, bpb (byte-backed data) and acc (when computed),
         plus each (k, λ)'s ``coverage``, the share of targets carried by at least one of the k neighbours."""
         out: dict[Any, dict[str, float]] = {"base": self._summary(self.base, prefix)}

@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from rich.progress import Progress
@@ -36,6 +36,7 @@ from xfam.core.errors import ConfigError
 from xfam.core.logs import log
 from xfam.core.registry import defaults_of, signature_params
 from xfam.core.schedule import per_layer
+from xfam.data.base import Split
 from xfam.data.module import XfamDataModule
 from xfam.data.tasks import task_collate
 from xfam.eval.carry import carried_inputs, next_carry
@@ -49,7 +50,9 @@ from xfam.eval.text_metrics import text_metrics
 from xfam.memory import MEMORY
 from xfam.model.build import build_data, build_model
 from xfam.model.checkpoint_file import load_model_with
+from xfam.model.encoder_decoder import EncoderDecoder
 from xfam.model.spec import ModelSpec
+from xfam.model.transformer import XfamModel
 
 
 def split_loader(
@@ -78,11 +81,11 @@ def split_loader(
     masking = dataclasses.asdict(TaskSpec(**config.get("task", {})))  # (a run before the task group: defaults)
     collate = task_collate(source, info, arch=arch, masking=masking, seed=config["seed"])
     module = XfamDataModule(source, seed=config["seed"], streams=streams, collate=collate)
-    return module._eval_loader(split), source.batch_size
+    return module._eval_loader(cast(Split, split)), source.batch_size  # (a split name the command checked)
 
 
 def split_outputs(
-    model: torch.nn.Module,
+    model: XfamModel | EncoderDecoder,
     meta: dict[str, Any],
     split: str,
     batch_size: int | None,
@@ -106,6 +109,7 @@ def split_outputs(
                 batch, layers, docs = carried_inputs(model, batch, carry, meta["data_info"].get("eos_id"))
             out = forward_batch(model, batch, memory=layers)
             if model.uses_memory:
+                assert out.memory is not None  # (a memory model returns its new memory)
                 carry = next_carry(out.memory, docs)
             yield batch, out
             bar.advance(task)
@@ -223,7 +227,7 @@ def evaluate_split(
     rebuilt = rows != trained["data"].get("seq_len")
     meta = {**meta, "config": config}
     token_bytes = torch.tensor(info["token_bytes"], device=device) if info.get("token_bytes") else None
-    sums: dict[str, torch.Tensor] = {}
+    sums: dict[str, Any] = {}  # summed batch statistics (tensors) and the int count of batches
     texts = None
     if info["task"] == "seq2seq":
         texts = GeneratedTexts(info, TaskSpec(**config.get("task", {})), config["data"].get("target_len"))

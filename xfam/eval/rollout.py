@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from xfam.core.logs import log
 from xfam.core.trajectory import StepLayout
+from xfam.model.encoder_decoder import EncoderDecoder
+from xfam.model.transformer import XfamModel
 
 
 @dataclasses.dataclass
@@ -65,7 +66,7 @@ def normalised(value: float, reference: Mapping[str, float] | None) -> float | N
 
 @torch.no_grad()
 def rollout(
-    model: nn.Module,
+    model: XfamModel,
     decision: Mapping[str, Any],
     target: float,
     *,
@@ -80,7 +81,7 @@ def rollout(
     predicted distribution (a generator seeded with ``seed``) instead of taking the arg-max."""
     from xfam.data.gym_envs import ENVS, make_env, to_env_action  # (gymnasium is imported only by rollouts)
 
-    layout: StepLayout = model.embed.layout
+    layout: StepLayout = model.step_layout
     info = ENVS[decision["env"]]
     k, scale = int(decision["context"]), float(decision["return_scale"])
     limit = min(max_steps or info.max_steps, info.max_steps)
@@ -171,7 +172,7 @@ def targets_of(decision: Mapping[str, Any], targets: Sequence[float] | None) -> 
 
 
 def rollout_metrics(
-    model: nn.Module,
+    model: XfamModel,
     decision: Mapping[str, Any],
     *,
     prefix: str,
@@ -211,7 +212,7 @@ TEST_SEEDS = 10_000
 
 
 def task_rollouts(
-    model: nn.Module, data_info: Mapping[str, Any], spec: Any, prefix: str, *, test: bool
+    model: XfamModel | EncoderDecoder, data_info: Mapping[str, Any], spec: Any, prefix: str, *, test: bool
 ) -> dict[str, float]:
     """The rollouts of a run's evaluation: ``rollout_metrics`` with the ``task`` section's settings (``spec``: a
     ``TaskSpec``), episode i of validation reset with seed ``rollout_seed + i``, of test ``+ TEST_SEEDS``; none for
@@ -219,6 +220,7 @@ def task_rollouts(
     decision = data_info.get("decision")
     if not decision or not decision.get("env") or not spec.rollout_episodes:
         return {}
+    assert isinstance(model, XfamModel)  # (a decision model)
     return rollout_metrics(
         model,
         decision,

@@ -73,7 +73,9 @@ def translate(
         out = model(None, decoder_input_ids=last[:, None], cache=state)
         return out.logits[:, -1], out.cache  # [N, V]
 
-    kw = dict(batch_size=source.shape[0], bos_id=bos_id, eos_id=eos_id, max_len=max_new_tokens, pad_id=pad_id)
+    kw: dict[str, Any] = dict(
+        batch_size=source.shape[0], bos_id=bos_id, eos_id=eos_id, max_len=max_new_tokens, pad_id=pad_id
+    )
     kw["device"] = source.device
     if beam_size > 1:
         return beam_search(step, cache, **kw, beam_size=beam_size, length_penalty=length_penalty, reorder=reorder_beams)

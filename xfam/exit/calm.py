@@ -138,6 +138,7 @@ class CALM(EarlyExitPolicy):
 
     def _train(self, x: Tensor, stack: LayerStack) -> ExitOutput:
         head, targets = stack.head, stack.targets
+        assert targets is not None  # (forward trains only with targets)
         hiddens = traverse_all(x, stack.run_layer, stack.num_layers)
         n_layers = len(hiddens)
         weights = [(n / n_layers if self.weighting == "linear" else 1.0) for n in range(1, n_layers)] + [0.0]

@@ -41,7 +41,7 @@ from xfam.core.errors import ConfigError
 from xfam.core.registry import Range
 from xfam.core.stack import LayerStack
 from xfam.exit._base import EXIT, EarlyExitPolicy, ExitOutput, layer_losses, target_nll
-from xfam.exit._early import traverse_all, traverse_with_exits
+from xfam.exit._early import Decide, traverse_all, traverse_with_exits
 
 Head = Callable[..., Tensor]
 
@@ -209,6 +209,7 @@ class DepthAdaptive(EarlyExitPolicy):
     ) -> Tensor:
         s = targets.shape[-1] if targets.dim() == 2 else None
         if self.kind == "geometric":  # log q(n) = sum_{n'<n} log(1 - chi^n') + log chi^n  (n < N)
+            assert s is not None  # (per-token targets)
             logit = torch.stack([self.halting(h[:, -s:]).squeeze(-1).float() for h in hiddens[:-1]])  # [N-1, B, S]
             stay = torch.cumsum(F.logsigmoid(-logit), 0)  # sum_{n'<=n} log(1 - chi^n')
             log_q = torch.cat((F.logsigmoid(logit[:1]), stay[:-1] + F.logsigmoid(logit[1:]), stay[-1:]))  # [N, B, S]
@@ -216,6 +217,7 @@ class DepthAdaptive(EarlyExitPolicy):
             return (nll * keep).sum() / keep.sum().clamp_min(1)
         if self.kind == "sequence":
             return F.cross_entropy(self.halting(real_mean(hiddens[0], key_padding)).float(), best - 1)
+        assert s is not None  # (per-token targets)
         logits = self.halting(hiddens[0][:, -s:]).float()  # [B, S, N]
         nll, _ = target_nll(logits, torch.where(keep, best - 1, -100))
         return nll.sum() / keep.sum().clamp_min(1)
@@ -228,7 +230,7 @@ class DepthAdaptive(EarlyExitPolicy):
             b, s = x.shape[:2]
             draw = torch.randint(1, num_layers + 1, (b, 1 if self.kind == "sequence" else s), device=x.device)
             exits = draw.expand(b, s)  # [B, S]
-            hidden, depth = traverse_with_exits(x, run_layer, num_layers, lambda n, _b, _a, e=exits: e == n, False)
+            hidden, depth = traverse_with_exits(x, run_layer, num_layers, _exits_at(exits), False)
             logits = self._exit_logits(hidden, depth, head, num_layers)
             nll, keep = target_nll(logits if logits is not None else head(hidden), targets)
             total = total + nll.sum() / keep.sum().clamp_min(1)
@@ -239,3 +241,8 @@ def real_mean(h: Tensor, key_padding: Tensor | None) -> Tensor:
     """Mean over the real (unpadded) positions: ``[B, S, D]`` -> ``[B, D]``."""
     w = torch.ones_like(h[..., 0]) if key_padding is None else key_padding.to(h.dtype)  # [B, S]
     return (h * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp_min(1)
+
+
+def _exits_at(exits: Tensor) -> Decide:
+    """The exit rule of fixed exits ``[B, S]``: a token leaves after layer ``exits``."""
+    return lambda n, _b, _a: exits == n

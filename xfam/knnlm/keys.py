@@ -48,7 +48,8 @@ class KeyCapture:
     calls it several times per forward; ``take`` joins the calls since the last ``take``."""
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        # (an XfamModel, whose last block's ffn is hooked: an engine does not import the model to type it)
+        self.model: Any = model
         self.skip = int(getattr(model, "aux_tokens", 0))  # ETC's global tokens, in front of the input
         self._parts: list[Tensor] = []
         self._handle: Any = None

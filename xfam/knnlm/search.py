@@ -59,11 +59,13 @@ class ExactIndex:
         n = q.shape[0]
         q_rows = min(max(n, 1), 1024)
         step = max(k, self.budget // q_rows)  # store rows per step: [q_rows, step] distances held
-        out_d, out_i = [], []
+        out_d: list[Tensor] = []
+        out_i: list[Tensor] = []
         for q0 in range(0, n, q_rows):
             qc = q[q0 : q0 + q_rows]  # [n', D]
             qn = (qc**2).sum(-1, keepdim=True)  # [n', 1]
-            best_d, best_i = None, None
+            best_d: Tensor | None = None
+            best_i: Tensor | None = None
             for s0 in range(0, self.size, step):
                 kc = self._rows(s0, s0 + step)  # [m, D]
                 d = torch.addmm(self.norms[s0 : s0 + kc.shape[0]].unsqueeze(0), qc, kc.T, alpha=-2)  # [n', m]
@@ -72,7 +74,9 @@ class ExactIndex:
                     best_d, pick = torch.topk(d, min(k, d.shape[1]), dim=1, largest=False, sorted=True)
                     best_i = pick + s0
                 else:
+                    assert best_i is not None  # (set with best_d)
                     best_d, best_i = _merge(best_d, best_i, d, s0, k)
+            assert best_d is not None and best_i is not None  # (a store of at least one row)
             out_d.append(best_d)
             out_i.append(best_i)
         return torch.cat(out_d), torch.cat(out_i)

@@ -21,17 +21,19 @@ def topk_inner(q: Tensor, keys: Tensor, k: int, allowed: Tensor | None = None) -
 
     ``q [B, H, S, Dh]``, ``keys [B, H, N, Dh]``; ``allowed [B, S, N]`` (None: all) masks entries a
     query may not retrieve (another document); they score -inf. Requires ``k <= N``."""
-    best_s = best_i = None
+    best_s: Tensor | None = None
+    best_i: Tensor | None = None
     for start in range(0, keys.shape[2], CHUNK):
         block = keys[:, :, start : start + CHUNK]  # [B, H, C, Dh]
         scores = q @ block.transpose(-1, -2)  # [B, H, S, C]
         if allowed is not None:
             scores = scores.masked_fill(~allowed[:, None, :, start : start + CHUNK], float("-inf"))
         idx = torch.arange(start, start + block.shape[2], device=q.device).expand_as(scores)
-        if best_s is not None:
+        if best_s is not None and best_i is not None:  # (set together)
             scores, idx = torch.cat((best_s, scores), -1), torch.cat((best_i, idx), -1)
         top = scores.topk(min(k, scores.shape[-1]), dim=-1)
         best_s, best_i = top.values, idx.gather(-1, top.indices)
+    assert best_s is not None and best_i is not None  # (N >= k >= 1 keys)
     return best_s, best_i
 
 

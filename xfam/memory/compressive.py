@@ -40,7 +40,7 @@ both as mean squared errors. Shapes: memory ``[B, M, D]``, compressed ``[B, Mc, 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,9 @@ class CompressiveMemory(Memory):
     """Transformer-XL memory plus a compressed memory of evicted states (rate ``rate``)."""
 
     paper = "Rae et al., ICLR 2020, arXiv:1911.05507 (Compressive Transformer)"
+    conv: nn.Conv1d | None  # the learned f_c (conv, dilated_conv)
+    dilate: nn.Conv1d | None
+    decoder: nn.ConvTranspose1d | None  # loss=autoencoding's
 
     def __init__(
         self,
@@ -175,6 +178,7 @@ class CompressiveMemory(Memory):
             docs = old.new_zeros(b, e, dtype=torch.long)
         keep = docs == docs[:, c - 1 :: c].repeat_interleave(c, dim=1)  # [B, E]: of the slot's document
         if self.compression == "most_used":
+            assert usage is not None  # (write passes most_used its usage)
             best = usage.masked_fill(~keep, float("-inf")).view(b, e // c, c).argmax(dim=-1)  # [B, E/c]
             return old.view(b, e // c, c, d).gather(2, best[..., None, None].expand(-1, -1, 1, d)).squeeze(2)
         if self.dilate is not None:  # y_t = W0 x_{t-c} + W1 x_t + b, x_{t-c} only from the same document
@@ -188,11 +192,13 @@ class CompressiveMemory(Memory):
             return groups.masked_fill(~kept, float("-inf")).amax(dim=2)
         if self.compression == "mean":
             return (groups * kept).sum(dim=2) / kept.sum(dim=2)  # a group keeps at least its last state
+        assert self.conv is not None  # (the learned compressions)
         return self.conv((old * keep[..., None]).transpose(1, 2)).transpose(1, 2)  # [B, E/c, D]
 
     def reconstruction(self, old: Tensor, compressed: Tensor, h: Tensor, view: LayerView) -> Tensor:
         """The compression network's loss; every input detached, the layer's weights detached (view)."""
         if self.loss == "autoencoding":
+            assert self.decoder is not None  # (built with loss=autoencoding)
             rebuilt = self.decoder(compressed.transpose(1, 2)).transpose(1, 2)  # [B, E, D]
             return F.mse_loss(rebuilt, old)
         with torch.no_grad():
@@ -200,6 +206,10 @@ class CompressiveMemory(Memory):
         return F.mse_loss(view.attend(h, compressed), target)
 
 
+@overload
+def _cat(a: Tensor | None, b: Tensor) -> Tensor: ...
+@overload
+def _cat(a: Tensor | None, b: Tensor | None) -> Tensor | None: ...
 def _cat(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     if a is None:
         return b

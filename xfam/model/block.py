@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from xfam.model.spec import ModelSpec
 Augment = Callable[[Tensor, Tensor], Tensor]
 
 
-def make_ffn(spec: ModelSpec, causal: bool) -> nn.Module:
+def make_ffn(spec: ModelSpec, causal: bool) -> FeedForward | SepConvTransition:
     """The FFN of ``model.ffn``: position-wise, or the Universal Transformer's convolutional transition."""
     return SepConvTransition(spec, causal) if spec.ffn == "sepconv" else FeedForward(spec)
 
@@ -135,6 +136,7 @@ class SelfAttention(nn.Module):
         keys ``[R k | 0]``, persistent keys ``[0 | pk]``, so ``q' . k' / sqrt(2 Dh)`` is ``(R q) . (R k) / sqrt(Dh)``
         and ``q . pk / sqrt(Dh)`` (twice the q.k work, under rotary encodings only).
         """
+        assert self.persistent_k is not None and self.persistent_v is not None  # (called only with them)
         pk = self.persistent_k.to(k.dtype).expand(k.shape[0], -1, -1, -1)  # [B, Hkv, P, Dh]
         if self.qk_norm is not None:  # (persistent keys are keys: normalised like the others)
             pk = self.qk_norm.k(pk)
@@ -184,6 +186,11 @@ class FFNSublayer(nn.Module):
         super().__init__()
         self.norm = make_norm(spec) if spec.residual != "rezero" else nn.Identity()
         self.ffn, self.link = make_ffn(spec, causal), Link(spec, half=half, ffn=True)
+
+
+def _sublayers(group: nn.ModuleList) -> list[FFNSublayer]:
+    """A block's ``before`` / ``after``, typed as what they hold (``nn.ModuleList`` yields ``nn.Module``)."""
+    return cast("list[FFNSublayer]", list(group))
 
 
 class Block(nn.Module):
@@ -237,7 +244,9 @@ class Block(nn.Module):
         earlier layers of the call pass on (options that read them)."""
         keep = self._survivors(x, 0 if carry is None else carry.step)
         dual = None if carry is None else carry.dual
-        rows_prev, rows_new = {}, {}  # the decode state then also keeps sublayers' last rows (shift, convolution)
+        # the decode state then also keeps sublayers' last rows (shift, convolution)
+        rows_prev: dict[str, Tensor] = {}
+        rows_new: dict[str, Tensor] = {}
         if self.keeps_rows and state is not None:
             rows_prev, state = state["rows"], state["mechanism"]
         if self.shifts is not None:
@@ -250,7 +259,7 @@ class Block(nn.Module):
                 return shifted(name, f)
             return shifted(name, lambda h: self._transition(f, h, ctx, name, rows_prev, rows_new))
 
-        for i, sub in enumerate(self.before):
+        for i, sub in enumerate(_sublayers(self.before)):
             x = sub.link(x, ffn(f"before{i}", sub.ffn), sub.norm, keep, dual)
         if mem is not None and self.pre:  # memory: states of this layer's input, normed as its rows are
             mem = self.norm1(mem)
@@ -262,10 +271,13 @@ class Block(nn.Module):
 
         x = self.link_attn(x, shifted("attn", attend), self.norm1, keep, dual)
         if self.cross is not None:
-            x = self.link_cross(x, lambda h: self.cross(h, source), self.norm_cross, keep, dual)
+            cross, link_cross, norm_cross = self.cross, self.link_cross, self.norm_cross
+            assert link_cross is not None and norm_cross is not None  # built with ``cross``
+            x = link_cross(x, lambda h: cross(h, source), norm_cross, keep, dual)
         if self.ffn is not None:
+            assert self.link_ffn is not None and self.norm2 is not None  # built with ``ffn``
             x = self.link_ffn(x, ffn("ffn", self.ffn), self.norm2, keep, dual)
-        for i, sub in enumerate(self.after):
+        for i, sub in enumerate(_sublayers(self.after)):
             x = sub.link(x, ffn(f"after{i}", sub.ffn), sub.norm, keep, dual)
         if self.keeps_rows and ctx.decoding:
             return x, {"mechanism": new_state[0], "rows": rows_new}
@@ -273,8 +285,12 @@ class Block(nn.Module):
 
     def links(self) -> list[Link]:
         """Every sublayer's ``Link``, attention's first."""
-        extra = [sub.link for sub in (*self.before, *self.after)]
+        extra = [sub.link for sub in self.ffn_sublayers()]
         return [self.link_attn] + [k for k in (self.link_cross, self.link_ffn) if k is not None] + extra
+
+    def ffn_sublayers(self) -> list[FFNSublayer]:
+        """The FFN sublayers beyond the first: ``before``'s, then ``after``'s."""
+        return _sublayers(self.before) + _sublayers(self.after)
 
     def survival(self, step: int) -> float:
         """Stochastic depth's linear schedule: layer ``step`` (0-based) of L runs with probability
@@ -292,6 +308,7 @@ class Block(nn.Module):
 
     def _shift(self, h: Tensor, ctx: LayerContext, name: str, prev: dict, new: dict) -> Tensor:
         """Token shifting of one sublayer's input ``h [B, S, D]``; in decoding, with the rows kept from before."""
+        assert self.shifts is not None  # (called only with token shifting on)
         before = prev.get(name)
         rows = h.shape[1] + (0 if before is None else before.shape[1])
         pad, seg = row_info(ctx.mask, rows) if not ctx.mask.cross else (None, None)
@@ -309,10 +326,10 @@ class Block(nn.Module):
             new[f"conv/{name}"] = kept
         return out
 
-    def residual_projections(self) -> list[nn.Module]:
+    def residual_projections(self) -> list[nn.Linear]:
         """The projections that write into the residual stream (attention outputs, FFN down), whose init the
         model scales by 1/sqrt(2L) (``ModelSpec.init_std``)."""
-        ffns = ([self.ffn] if self.ffn is not None else []) + [sub.ffn for sub in (*self.before, *self.after)]
+        ffns = ([self.ffn] if self.ffn is not None else []) + [sub.ffn for sub in self.ffn_sublayers()]
         attn_out = self.attn.out if self.attn.aoa is None else self.attn.aoa.proj  # (AoA writes the stream)
         return [attn_out] + [f.down for f in ffns] + ([self.cross.out] if self.cross is not None else [])
 
@@ -329,3 +346,40 @@ class Block(nn.Module):
             weights=lambda h, m: self.attn.frozen_weights(frozen(h), frozen(m)),
             segments=segments,
         )
+
+
+def deepnorm_init(block: Block, beta: float) -> list[nn.Linear]:
+    """DeepNet's initialisation of one block (Wang et al., 2022, Fig. 2): Xavier-normal with gain beta for the
+    FFNs, the value and the output projections, gain 1 for the query and key projections (biases zero).
+    Returns the modules initialised, which the model's normal init then leaves alone."""
+    done: list[nn.Linear] = []
+
+    def xavier(weight: Tensor, rows: slice, gain: float) -> None:
+        part = torch.empty_like(weight[rows])
+        nn.init.xavier_normal_(part, gain=gain)
+        with torch.no_grad():
+            weight[rows] = part
+
+    attn = block.attn
+    q, kv = attn.q_width, attn.kv_width
+    xavier(attn.qkv.weight, slice(0, q), 1.0)
+    xavier(attn.qkv.weight, slice(q, q + kv), 1.0)  # k
+    xavier(attn.qkv.weight, slice(q + kv, q + 2 * kv), beta)  # v
+    xavier(attn.out.weight, slice(None), beta)
+    done += [attn.qkv, attn.out]
+    if block.cross is not None:
+        c = block.cross
+        xavier(c.q.weight, slice(None), 1.0)
+        xavier(c.kv.weight, slice(0, c.kv.out_features // 2), 1.0)
+        xavier(c.kv.weight, slice(c.kv.out_features // 2, None), beta)
+        xavier(c.out.weight, slice(None), beta)
+        done += [c.q, c.kv, c.out]
+    ffns = ([block.ffn] if block.ffn is not None else []) + [s.ffn for s in block.ffn_sublayers()]
+    for f in ffns:
+        xavier(f.up.weight, slice(None), beta)
+        xavier(f.down.weight, slice(None), beta)
+        done += [f.up, f.down]
+    for m in done:
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    return done

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xfam.attention._base import ATTENTION, AttentionMechanism
-from xfam.core.registry import defaults_of, signature_params
+from xfam.core.registry import Registry, defaults_of, signature_params
 from xfam.exit._base import EXIT, ExitPolicy
 from xfam.memory._base import MEMORY, Memory
 from xfam.model import block_compat
@@ -62,7 +62,8 @@ class Selection:
     def alternatives(slot: str, ok: Any) -> list[str]:
         """The names of ``slot``'s components whose class satisfies ``ok`` (for a refusal's alternatives,
         so a component lists other slots' choices without importing them)."""
-        registry = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}[slot]
+        registries: dict[str, Registry[Any]] = {"attention": ATTENTION, "pos": POS, "memory": MEMORY, "exit": EXIT}
+        registry = registries[slot]
         return [n for n, cls in registry.items() if ok(cls)]
 
     @staticmethod

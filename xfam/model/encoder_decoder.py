@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from xfam.core.typed import TypedModuleList
+from xfam.model.block import Block
 from xfam.model.cross import CrossSource
 from xfam.model.plan import DecodeCache
 from xfam.model.transformer import ModelOutput, XfamModel
@@ -41,12 +43,12 @@ class EncoderDecoder(nn.Module):
         self.output_memory = None
 
     @property
-    def head(self) -> nn.Module:
+    def head(self) -> nn.Linear | nn.Identity:
         """The decoder's output layer (what per-layer exit classifiers are sized by)."""
         return self.decoder.head
 
     @property
-    def blocks(self) -> nn.ModuleList:
+    def blocks(self) -> TypedModuleList[Block]:
         """The decoder's blocks (what exit policies and per-layer reports inspect)."""
         return self.decoder.blocks
 

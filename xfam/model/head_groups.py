@@ -7,13 +7,16 @@ the intersection of its members' (the compatibility check reads them off the mem
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from xfam.attention._base import AttentionMechanism
 from xfam.core.bias import ScoreBias, ScoreModifier
 from xfam.core.mask import AttnMask
 from xfam.core.state import DecodeState
+from xfam.core.typed import TypedModuleList
 
 
 class HeadGroups(AttentionMechanism):
@@ -21,11 +24,11 @@ class HeadGroups(AttentionMechanism):
 
     def __init__(self, members: list[AttentionMechanism], head_counts: list[int], heads: int, kv_heads: int):
         super().__init__()
-        self.members = nn.ModuleList(members)
+        self.members = TypedModuleList(members)
         self.head_counts = head_counts
         self.per_kv = heads // kv_heads
 
-    def _slices(self):
+    def _slices(self) -> Iterator[tuple[AttentionMechanism, int, int]]:
         start = 0
         for member, n in zip(self.members, self.head_counts, strict=True):
             yield member, start, start + n

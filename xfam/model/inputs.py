@@ -34,7 +34,7 @@ with continuous inputs (a size that does not divide the image, the options that 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -105,8 +105,10 @@ class DecisionEmbedding(nn.Module):
         self.layout = layout
         self.returns = VectorEmbedding(1, dim) if layout.returns else None
         state_dim, action_dim = layout.state_dim, layout.action_dim
-        self.states = VectorEmbedding(state_dim, dim) if state_dim else nn.Embedding(layout.state_vocab, dim)
-        self.actions = VectorEmbedding(action_dim, dim) if action_dim else nn.Embedding(layout.num_actions, dim)
+        # (a layout has state_dim or state_vocab, action_dim or num_actions)
+        states, actions = cast(int, layout.state_vocab), cast(int, layout.num_actions)
+        self.states = VectorEmbedding(state_dim, dim) if state_dim else nn.Embedding(states, dim)
+        self.actions = VectorEmbedding(action_dim, dim) if action_dim else nn.Embedding(actions, dim)
         self.timesteps = nn.Embedding(layout.max_timestep, dim)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -118,7 +120,9 @@ class DecisionEmbedding(nn.Module):
         return torch.stack(tokens, dim=2).flatten(1, 2)  # [B, n K, D]: (R_1,) s_1, a_1, (R_2,) s_2, ...
 
 
-def input_embedding(inputs: Mapping[str, Any], spec: ModelSpec, vocab_size: int) -> nn.Module:
+def input_embedding(
+    inputs: Mapping[str, Any], spec: ModelSpec, vocab_size: int
+) -> nn.Embedding | VectorEmbedding | PatchEmbedding | DecisionEmbedding:
     """The embedder of ``inputs`` (a description, module docstring) for a model of ``spec``."""
     kind = inputs["kind"]
     if kind == "vectors":
@@ -133,10 +137,15 @@ def input_embedding(inputs: Mapping[str, Any], spec: ModelSpec, vocab_size: int)
 def input_rows(inputs: Mapping[str, Any], spec: ModelSpec) -> int | None:
     """Rows one example makes (an image's patches, and its class token; a trajectory window's tokens): None where
     the data's ``seq_len`` says it (tokens, vectors)."""
+    if inputs["kind"] not in ("decision", "image"):
+        return None
+    return example_rows(inputs, spec)
+
+
+def example_rows(inputs: Mapping[str, Any], spec: ModelSpec) -> int:
+    """``input_rows`` of an image or a trajectory window."""
     if inputs["kind"] == "decision":  # 3 tokens per timestep (2 without returns), data.context timesteps
         return (3 if inputs.get("returns", True) else 2) * inputs["context"]
-    if inputs["kind"] != "image":
-        return None
     return (inputs["height"] // spec.patch_size) * (inputs["width"] // spec.patch_size) + (spec.pool == "cls")
 
 
@@ -148,7 +157,7 @@ def input_problems(inputs: Mapping[str, Any], spec: ModelSpec, data: str, bounde
         return []
     what = {"vectors": "vectors", "image": "images", "decision": "trajectories"}[kind]
     out = []
-    if kind == "decision" and bounded_pos and (rows := input_rows(inputs, spec)) > spec.max_len:
+    if kind == "decision" and bounded_pos and (rows := example_rows(inputs, spec)) > spec.max_len:
         out.append(
             f"data.context={inputs['context']} timesteps of data={data} make {rows} tokens "
             f"({rows // inputs['context']} per step: return, state, action), more than the learned position table "
@@ -164,7 +173,7 @@ def input_problems(inputs: Mapping[str, Any], spec: ModelSpec, data: str, bounde
                 f"model.patch_size={p} does not divide the {h}x{w} images of data={data}: the ViT cuts each image "
                 f"into non-overlapping {p}x{p} patches. Fix: model.patch_size in {sizes}."
             )
-        elif bounded_pos and (rows := input_rows(inputs, spec)) > spec.max_len:
+        elif bounded_pos and (rows := example_rows(inputs, spec)) > spec.max_len:
             out.append(
                 f"the {h}x{w} images of data={data} make {rows} rows of {p}x{p} patches"
                 + (" (and the class token)" if spec.pool == "cls" else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ def make_norm(spec: ModelSpec, dim: int | None = None) -> nn.Module:
     return nn.LayerNorm(dim, bias=spec.bias)
 
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
     "relu": F.relu,
     "relu2": lambda h: F.relu(h).square(),  # So et al., 2021, "Primer", arXiv:2109.08668

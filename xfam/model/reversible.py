@@ -20,7 +20,7 @@ back at the end of the backward).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -54,6 +54,7 @@ class RevBlock:
     def g(self, y1: Tensor) -> Tensor:
         chunks = y1.chunk(self.ffn_chunks, dim=1) if self.ffn_chunks > 1 else (y1,)
         blk = self.block
+        assert blk.ffn is not None and blk.link_ffn is not None and blk.norm2 is not None  # (compat: the FFN after)
         return torch.cat([blk.link_ffn.branch(blk.ffn(blk.norm2(c)), None) for c in chunks], dim=1)
 
 
@@ -105,7 +106,7 @@ class _ReversibleStack(torch.autograd.Function):
 
 def reversible_stack(
     x: Tensor,
-    blocks: Sequence[Block],
+    blocks: Iterable[Block],
     context: Callable[[int], LayerContext],
     ffn_chunks: int = 1,
     states: list[DecodeState | None] | None = None,

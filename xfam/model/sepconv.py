@@ -65,6 +65,7 @@ class DepthwiseConv(nn.Module):
             ok = source_ok(pad, seg, a, p, full.dtype)  # [B, S, 1] or None
             term = term if ok is None else term * ok
             out = term if out is None else out + term
+        assert out is not None  # (a kernel has taps)
         return out
 
 

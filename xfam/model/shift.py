@@ -50,6 +50,7 @@ def source_ok(pad: Tensor | None, seg: Tensor | None, a: int, p: int, dtype: tor
     if seg is not None:
         same = (moved(seg, a, NO_DOC)[:, p:] == seg[:, p:]).to(dtype)
         ok = same if ok is None else ok * same
+    assert ok is not None  # (pad or seg is given)
     return ok.unsqueeze(-1)
 
 

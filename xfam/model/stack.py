@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,12 +22,46 @@ from torch.utils.checkpoint import checkpoint
 from xfam.core.context import LayerContext
 from xfam.core.mask import AttnMask
 from xfam.core.state import DecodeState, MemoryState
+from xfam.core.typed import TypedModuleList
 from xfam.memory import Memory
 from xfam.model.attn_options import Carry
 from xfam.model.block import Block
 from xfam.model.cross import CrossSource
 from xfam.model.plan import CallPlan, DecodeCache
 from xfam.model.reversible import reversible_stack
+from xfam.model.spec import ModelSpec
+from xfam.pos import PositionalEncoding
+
+
+class StackModel(Protocol):
+    """What a ``Stack`` uses of its model: an ``XfamModel`` (``xfam.model.transformer``, which imports this module)."""
+
+    @property
+    def spec(self) -> ModelSpec: ...
+    @property
+    def causal(self) -> bool: ...
+    @property
+    def pos(self) -> PositionalEncoding: ...
+    @property
+    def blocks(self) -> TypedModuleList[Block]: ...
+    @property
+    def memories(self) -> TypedModuleList[Memory]: ...
+    @property
+    def dual_norm(self) -> nn.Module | None: ...
+    @property
+    def training(self) -> bool: ...
+
+    def head_logits(
+        self,
+        hidden: Tensor,
+        key_padding: Tensor | None = None,
+        proj: nn.Module | None = None,
+        retrieved: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor: ...
+
+    def scored_rows(self, rows: Tensor) -> Tensor: ...
+
+    def spread_scores(self, scores: Tensor, rows: int, fill: float) -> Tensor: ...
 
 
 class Stack:
@@ -34,7 +69,7 @@ class Stack:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: StackModel,
         plan: CallPlan,
         *,
         memory: list[MemoryState] | None,
@@ -56,7 +91,9 @@ class Stack:
         self.targets = targets
         self.memory = memory  # the states passed in (read), and the new ones (written)
         self.new_memory = list(memory) if memory is not None else None
-        self.reads = self.read_docs = None  # per layer: memory states [B, M, D] in front of the keys, their documents
+        # per layer: memory states [B, M, D] in front of the keys, their documents
+        self.reads: list[Tensor | None] | None = None
+        self.read_docs: list[Tensor | None] | None = None
         if memory is not None:
             self.reads = [m.read(st) for m, st in zip(self.memories, memory, strict=True)]
             self.read_docs = [m.read_segments(st) for m, st in zip(self.memories, memory, strict=True)]
@@ -94,8 +131,9 @@ class Stack:
 
     def head(self, x: Tensor, proj: nn.Module | None = None) -> Tensor:
         if self.carry.dual is not None:  # ResiDual: the output is x_L + norm(d_L)
-            ride = self.plan.ride
-            x = torch.cat((x[:, :ride], x[:, ride:] + self.model.dual_norm(self.carry.dual[0])), dim=1)
+            ride, dual_norm = self.plan.ride, self.model.dual_norm
+            assert dual_norm is not None  # (the second stream runs only with its norm)
+            x = torch.cat((x[:, :ride], x[:, ride:] + dual_norm(self.carry.dual[0])), dim=1)
         return self.model.head_logits(x, self.plan.input_padding, proj, self.retrieved)
 
     def scored_rows(self, rows: Tensor) -> Tensor:
@@ -223,6 +261,7 @@ class Stack:
         """The layer's new memory from its input rows (aux rows excluded: memories store the input's states)."""
         lead, seg = self.plan.lead, self.plan.run_segments
         view = block.view(None if seg is None else seg[:, lead:])
+        assert self.memory is not None and self.new_memory is not None  # (called only with states passed in)
         self.new_memory[step], losses = self.memories[step].write(self.memory[step], h[:, lead:], view)
         self._add_aux("memory", losses)
 

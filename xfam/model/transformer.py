@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,16 +24,18 @@ from xfam.core.mask import SHARED
 from xfam.core.registry import Component
 from xfam.core.schedule import per_head, per_layer
 from xfam.core.state import MemoryState
+from xfam.core.trajectory import StepLayout
+from xfam.core.typed import TypedModuleList
 from xfam.exit import EXIT, ExitOutput
 from xfam.memory import MEMORY
-from xfam.model.block import Block, SelfAttention
+from xfam.model.block import Block, SelfAttention, deepnorm_init
 from xfam.model.cross import CrossSource
 from xfam.model.head_groups import HeadGroups
-from xfam.model.inputs import TOKENS, input_embedding
+from xfam.model.inputs import TOKENS, DecisionEmbedding, input_embedding
 from xfam.model.layers import make_norm
 from xfam.model.layout import block_layouts
 from xfam.model.plan import CallPlan, DecodeCache, plan_call
-from xfam.model.residual import Link, deepnorm_constants, deepnorm_init
+from xfam.model.residual import Link, deepnorm_constants
 from xfam.model.spec import ModelSpec
 from xfam.model.stack import Stack
 from xfam.pos import POS
@@ -96,7 +98,7 @@ class XfamModel(nn.Module):
         self.emb_norm = make_norm(spec) if spec.post_emb_norm else None
         self.pos = POS.build(pos, **struct)
         if task == "decision":  # one logit per discrete action, or the continuous action's values
-            target_dim = self.embed.layout.num_actions or self.embed.layout.action_dim
+            target_dim = self.step_layout.num_actions or self.step_layout.action_dim
         vectors = task in ("regress", "decision")
         out_dim = vocab_size if task in ("lm", "mlm") else target_dim if vectors else num_classes
         self.exit = EXIT.build(exit, **struct, out_dim=out_dim)  # out_dim: for policies with their own classifiers
@@ -106,21 +108,19 @@ class XfamModel(nn.Module):
         cross_layers = per_layer(cross, spec.layers, "cross_attention") if cross is not None else [None] * n_blocks
         layouts = block_layouts(spec)
         shared: dict[str, Any] = {}  # modules that components share across layers
-        self.blocks = nn.ModuleList(
+        self.blocks = TypedModuleList(
             Block(
                 spec,
                 build_mechanism(attn_layers[i], {**struct, "shared": shared}, layer=i),
                 layer=i,
-                cross=None
-                if cross_layers[i] is None
-                else ATTENTION.build(cross_layers[i], **struct_cross(struct), layer=i),
+                cross=None if (c := cross_layers[i]) is None else ATTENTION.build(c, **struct_cross(struct), layer=i),
                 layout=layouts[i],
                 causal=self.causal,
             )
             for i in range(n_blocks)
         )
         stores = stores or {}  # long-term stores the builder opened, by layer (Memory.needs_store)
-        self.memories = nn.ModuleList(
+        self.memories = TypedModuleList(
             MEMORY.build(cfg, **struct, layer=i, long_term=stores.get(i))
             for i, cfg in enumerate(per_layer(memory, spec.layers, "memory"))
         )
@@ -139,11 +139,11 @@ class XfamModel(nn.Module):
         final_norm = spec.pre_norm and spec.residual != "rezero"  # (ReZero has no norms at all)
         self.norm = make_norm(spec) if final_norm else nn.Identity()
         self.dual_norm = make_norm(spec) if spec.norm_position == "resi_dual" else None  # ResiDual's x_L + N(d_L)
-        self.head = (
-            nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag", "regress", "decision"))
-            if task != "encode"
-            else nn.Identity()
-        )
+        if task == "encode":
+            self.head: nn.Linear | nn.Identity = nn.Identity()
+        else:
+            assert out_dim is not None  # (the data's classes or target width: the builder passes them)
+            self.head = nn.Linear(spec.dim, out_dim, bias=task in ("classify", "tag", "regress", "decision"))
         self.deepnorm = None
         if spec.norm_position == "deepnorm":
             role = "encdec_encoder" if task == "encode" else "encdec_decoder" if cross is not None else None
@@ -178,6 +178,11 @@ class XfamModel(nn.Module):
                 nn.init.normal_(m.weight, std=1e-5 if m is self.embed and self.spec.l2norm_embed else std)
 
         self.apply(init)  # children first, as the random draws always were
+
+    @property
+    def step_layout(self) -> StepLayout:
+        """A decision model's timestep layout (its embedder's, ``xfam.model.inputs``)."""
+        return cast(DecisionEmbedding, self.embed).layout
 
     @property
     def output_memory(self) -> Any:
@@ -293,7 +298,7 @@ class XfamModel(nn.Module):
         into the head's input with the output word embeddings."""
         if self.task == "decision":  # a_t from the state token s_t: [B, G + n K, D] -> [B, K, A]
             a = (proj if proj is not None else self.head)(self.norm(self.scored_rows(hidden)))
-            return a if self.embed.layout.discrete_actions else torch.tanh(a)
+            return a if self.step_layout.discrete_actions else torch.tanh(a)
         h = self.norm(hidden[:, self.aux_tokens :])
         if retrieved is not None and proj is None:
             h = self.output_memory.mix(h, retrieved, self.head.weight)  # [B, S, D]
@@ -311,7 +316,7 @@ class XfamModel(nn.Module):
         """The rows the head scores, of per-row values ``[B, G + S, ...]`` (hidden states, depths): the input's
         rows ``[B, S, ...]`` (the G aux rows dropped), a decision model's state rows ``[B, K, ...]``."""
         rows = rows[:, self.aux_tokens :]
-        return self.embed.layout.state_rows(rows) if self.task == "decision" else rows
+        return self.step_layout.state_rows(rows) if self.task == "decision" else rows
 
     def spread_scores(self, scores: Tensor, rows: int, fill: float) -> Tensor:
         """The inverse of ``scored_rows`` for per-row scores: ``[B, T] -> [B, rows]``, ``fill`` on every row the
@@ -319,7 +324,7 @@ class XfamModel(nn.Module):
         if self.task != "decision":
             return F.pad(scores, (rows - scores.shape[1], 0), value=fill)
         out = scores.new_full((scores.shape[0], rows), fill)
-        n = self.embed.layout.tokens
+        n = self.step_layout.tokens
         out[:, self.aux_tokens + n - 2 :: n] = scores  # (state_rows' slice, behind the aux rows)
         return out
 
@@ -332,7 +337,7 @@ def struct_cross(struct: dict[str, Any]) -> dict[str, Any]:
     return {**struct, "causal": False}
 
 
-def aux_token_count(blocks: nn.ModuleList, memory_tokens: int = 0) -> int:
+def aux_token_count(blocks: TypedModuleList[Block], memory_tokens: int = 0) -> int:
     """Auxiliary tokens to prepend: ``memory_tokens``, or the global tokens the layers' mechanisms declare
     (``AttentionMechanism.aux_tokens``, ETC). ``xfam.model.compat`` refused every other combination
     (different counts, memory, memory tokens, early exits) before anything was built."""

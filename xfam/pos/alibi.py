@@ -12,6 +12,7 @@ kernelised attention (performer, rfa) hosts exactly as decayed prefix sums (``xf
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import torch
@@ -37,6 +38,8 @@ def alibi_slopes(heads: int) -> list[float]:
 
 class AlibiBias(ScoreBias):
     """``b[h, i, j] = -m_h |i - j|``; heads beyond ``alibi_heads`` get no bias."""
+
+    slopes: Tensor  # [H], a buffer
 
     def __init__(self, heads: int, alibi_heads: int):
         super().__init__()
@@ -77,7 +80,7 @@ class Alibi(PositionalEncoding):
         self.bias = AlibiBias(heads, num_heads or heads)
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         n, heads = params["num_heads"], ctx.get("heads")
         if n is not None and heads is not None and n > heads:
             return [f"num_heads={n} exceeds model.heads={heads}. Fix: set pos.num_heads <= {heads}."]

@@ -16,7 +16,7 @@ cannot host it; being continuous in n, it extends to distances never seen in tra
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +41,7 @@ class DynamicBias(ScoreBias):
 
     def distances(self, n: Tensor) -> Tensor:
         """``[..., H]`` biases of integer distances ``n``."""
-        x = n.to(self.mlp[0].weight.dtype)[..., None]
+        x = n.to(cast(nn.Linear, self.mlp[0]).weight.dtype)[..., None]
         if self.log_distance:
             x = torch.sign(x) * torch.log1p(x.abs())
         return self.mlp(x)

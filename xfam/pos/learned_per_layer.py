@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from xfam.core.typed import TypedModuleList
 from xfam.pos._base import POS, PositionalEncoding
 from xfam.pos.learned import check_in_table
 
@@ -44,7 +45,7 @@ class LearnedPerLayer(PositionalEncoding):
 
     def __init__(self, *, dim: int, max_len: int, num_layers: int):
         super().__init__()
-        self.tables = nn.ModuleList(nn.Embedding(max_len, dim) for _ in range(num_layers))  # L x [max_len, D]
+        self.tables = TypedModuleList(nn.Embedding(max_len, dim) for _ in range(num_layers))  # L x [max_len, D]
         for table in self.tables:
             nn.init.normal_(table.weight, std=0.02)
 

@@ -30,15 +30,16 @@ once, writes once, backward = the transposed rotation), ``auto`` (the kernel on 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor
 
+import xfam.kernels.runtime as runtime  # (a plain import: mypy cannot follow xfam.kernels, see pyproject)
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log_once
 from xfam.core.registry import Positive, Range
-from xfam.kernels import runtime
 from xfam.pos._base import POS, PositionalEncoding
 
 XPOS_HEADROOM = 256.0  # at xpos_max_position a rotated key entry x c + x' s (|x|, |x'| <= 128) times its scale fits
@@ -65,6 +66,8 @@ class Rope(PositionalEncoding):
 
     kind = "rotary"
     relative = True
+    inv_freq: Tensor  # [r/2], buffers
+    zeta: Tensor  # [r/2]
 
     def __init__(
         self,
@@ -92,7 +95,7 @@ class Rope(PositionalEncoding):
         self.register_buffer("zeta", (k / r + 0.4) / 1.4, persistent=False)  # [r/2], in [0.29, 1)
 
     @classmethod
-    def check(cls, params: dict, ctx: dict) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         dh, r = ctx.get("head_dim", 0), params["rotary_dim"]
         if dh % 2:
             return [f"head_dim={dh} is odd; RoPE rotates channel pairs. Fix: use an even model.head_dim."]
@@ -172,7 +175,7 @@ class Rope(PositionalEncoding):
         return False
 
     @staticmethod
-    def _rotate(x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
+    def _rotate(x: Tensor, tables: tuple[Tensor, ...]) -> Tensor:
         cos, signed_sin = tables  # [S, r], broadcast over [B, H, S, r]
         x1, x2 = x.chunk(2, dim=-1)
         # x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = [x2 | x1] * [-sin | sin]

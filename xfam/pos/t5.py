@@ -21,6 +21,7 @@ table in a sparse mechanism. It is not a pure distance decay, so kernelised atte
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import torch
@@ -93,7 +94,7 @@ class T5(PositionalEncoding):
         self.bias = T5Bias(heads, causal, num_buckets, max_distance)
 
     @classmethod
-    def check(cls, params: dict[str, Any], ctx: dict[str, Any]) -> list[str]:
+    def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         nb, md = params["num_buckets"], params["max_distance"]
         half = nb if ctx.get("causal") else nb // 2  # buckets per direction
         if ctx.get("causal") is False and nb % 2:

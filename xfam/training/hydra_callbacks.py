@@ -81,7 +81,8 @@ def _compose_unknown_keys(load: Any) -> Any:
     from xfam.training.precheck import _override_key, _unknown_key, force_keys
 
     def load_sweep_config(master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
-        typed, forced = list(sweep_overrides), set()
+        typed = list(sweep_overrides)
+        forced: set[str] = set()
         while True:
             try:
                 cfg = load(master_config, force_keys(typed, forced))

@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning as L
 import torch
@@ -43,10 +43,14 @@ from xfam.core.errors import ConfigError
 from xfam.model.checkpoint import DIGEST_KEY, disk_errors, read, seal
 from xfam.model.sharded import SHARDS_KEY, rank_digests, remove
 
+if TYPE_CHECKING:
+    from xfam.model.transformer import XfamModel
 
-def stacks(model: nn.Module) -> dict[str, nn.Module]:
+
+def stacks(model: nn.Module) -> dict[str, XfamModel]:
     """The layer stacks of ``model`` by name prefix: an ``XfamModel`` itself, or an encoder-decoder's two."""
-    return {"encoder.": model.encoder, "decoder.": model.decoder} if hasattr(model, "encoder") else {"": model}
+    found = {"encoder.": model.encoder, "decoder.": model.decoder} if hasattr(model, "encoder") else {"": model}
+    return cast("dict[str, XfamModel]", found)
 
 
 def shard_model(model: nn.Module, mesh: Any, mp_policy: Any) -> list[str]:
@@ -66,7 +70,7 @@ def shard_model(model: nn.Module, mesh: Any, mp_policy: Any) -> list[str]:
     return units
 
 
-def whole_stack_reason(stack: nn.Module) -> str | None:
+def whole_stack_reason(stack: XfamModel) -> str | None:
     """Why the blocks of ``stack`` stay in the root unit (None: each is a unit of its own). A block that runs at
     several depths (``model.share_layers``, ACT's shared step); reversible layers (``model.reversible``: their
     backward calls the blocks' sublayers, not the blocks); an early-exit policy (``calm``, ``depth_adaptive``: when
@@ -130,7 +134,9 @@ class ShardedStrategy(ModelParallelStrategy):
             return
         reduce_dtype = torch.float32 if self.param_dtype is not None else None
         mp = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=reduce_dtype)
-        shard_model(module.model, self.device_mesh["data_parallel"], mp)  # (the runner logged the plan)
+        model = module.model
+        assert isinstance(model, nn.Module)  # (an XfamLitModule's model)
+        shard_model(model, self.device_mesh["data_parallel"], mp)  # (the runner logged the plan)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:

@@ -26,7 +26,7 @@ import functools
 import random
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning as L
 import numpy as np
@@ -49,6 +49,9 @@ from xfam.model.checkpoint import digest, metadata
 from xfam.model.transformer import ModelOutput
 from xfam.training.lit.optim import make_optimizer
 
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
+
 quiet_lightning()  # also in ddp_spawn's worker processes, which import this module afresh
 
 #: The batch key of each task's targets (``xfam.data.base``), where it is not ``labels``.
@@ -57,7 +60,9 @@ TARGET_KEYS = {"classify": "label", "regress": "targets"}
 
 def rng_state() -> dict[str, Any]:
     """Every RNG a training step may draw from, in types ``torch.load(weights_only=True)`` accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    # (the legacy tuple of MT19937, the default; numpy's stubs type the plain call as the dict form)
+    legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    kind, keys, pos, has_gauss, gauss = legacy
     numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy_state}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -78,13 +83,16 @@ class XfamLitModule(L.LightningModule):
     """Trains an ``XfamModel`` built from ``config`` (a ``RunConfig``, or a plain config dict) for data described
     by ``data_info``. ``self.config``: the plain dict, for checkpoints; ``self.run_config``: the RunConfig, if given."""
 
+    token_bytes: Tensor  # a buffer: ``data_info["token_bytes"]`` (empty: none)
+
     def __init__(self, config: RunConfig | dict[str, Any], data_info: dict[str, Any]):
         super().__init__()
-        self.run_config = None if isinstance(config, Mapping) else config
-        if self.run_config is not None:
+        self.run_config: RunConfig | None = None
+        if not isinstance(config, Mapping):
+            self.run_config = config
             # save_hyperparameters reads this frame's arguments as they are now: the plain dict goes into the
             # checkpoint's hyper_parameters, exactly as when a dict is passed (a checkpoint holds no xfam object).
-            config = self.run_config.raw
+            config = config.raw
         self.save_hyperparameters()
         self.config, self.data_info = config, data_info
         self.task = data_info["task"]
@@ -97,7 +105,7 @@ class XfamLitModule(L.LightningModule):
         self._memory: Carry | None = None
         self._eval_memory: Carry | None = None
         self._resume: dict[str, Any] | None = None
-        self._sums: dict[str, Tensor] = {}
+        self._sums: dict[str, Any] = {}  # summed batch statistics (tensors) and the int count of batches
         self._texts: GeneratedTexts | None = None  # seq2seq: the generated outputs of this evaluation
 
     def setup(self, stage: str) -> None:
@@ -226,7 +234,7 @@ class XfamLitModule(L.LightningModule):
         if shard is not None:
             shard(self)
 
-    def configure_optimizers(self) -> dict:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         spec = self.run_config.optim if self.run_config is not None else OptimSpec(**self.config["optim"])
         full_precision = str(self.trainer.precision) in ("32-true", "64-true", "32", "64")
         if full_precision:
@@ -238,20 +246,21 @@ class XfamLitModule(L.LightningModule):
     # -- exact resume ----------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["xfam"] = metadata(self.config, self.data_info)
-        datamodule = getattr(self.trainer, "datamodule", None)
+        datamodule: Any = getattr(self.trainer, "datamodule", None)
         stream = datamodule.stream_state() if hasattr(datamodule, "stream_state") else None
         mine = {"rng": rng_state(), "memory": _to_cpu(self._memory), **({"stream": stream} if stream else {})}
-        ranks = [mine]
+        ranks: list[Any] = [mine]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             ranks = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(ranks, mine)
         loop = self.trainer.fit_loop
         sampler = getattr(datamodule, "train_sampler", None)
+        # (Lightning types ``current`` as the base tracker; these progresses hold _Processed/_StartedTracker)
         checkpoint["xfam_resume"] = {
-            "batches_in_epoch": loop.epoch_loop.batch_progress.current.processed,
+            "batches_in_epoch": loop.epoch_loop.batch_progress.current.processed,  # type: ignore[attr-defined]
             # The epoch those batches belong to: the last one started. (``current_epoch`` is already the next
             # one when a checkpoint is written after an epoch finished, e.g. at the end of training.)
-            "epoch": loop.epoch_progress.current.started - 1,
+            "epoch": loop.epoch_progress.current.started - 1,  # type: ignore[attr-defined]
             # Rows per step over all ranks: a resume on another number of processes maps the position by rows.
             "global_batch": sampler.batch_size * sampler.world_size if sampler is not None else None,
             "ranks": ranks,

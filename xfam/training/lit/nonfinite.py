@@ -140,7 +140,9 @@ class NonFiniteGuard(L.Callback):
     def _message(self, module: L.LightningModule, step: int, path: Path) -> str:
         where = None
         if self._batch is not None:
-            where = first_nonfinite_module(module.model, lambda: module(self._batch))
+            model = module.model
+            assert isinstance(model, nn.Module)  # (an XfamLitModule's)
+            where = first_nonfinite_module(model, lambda: module(self._batch))
         if where is not None:
             culprit = f"the first module with a NaN/Inf output on this batch is model.{where}"
         else:

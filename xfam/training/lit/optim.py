@@ -9,12 +9,16 @@ parameters loaded from the checkpoint and the new ones, each with its own learni
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from xfam.config.specs import OptimSpec
 from xfam.model.init_from import ParamSplit, split_of, split_params
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 LINEAR_MAPS = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
 
@@ -54,7 +58,9 @@ def _decay_split(model: nn.Module, spec: OptimSpec) -> tuple[list[nn.Parameter],
         decayed.update(id(p) for n, p in m.named_parameters(recurse=False) if n in names)
     tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}  # a tied head is a table too
     decayed = decayed | tables if spec.decay_embeddings else decayed - tables
-    decay, no_decay, seen = [], [], set()
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
@@ -76,7 +82,9 @@ def lr_factor(step: int, spec: OptimSpec, total_steps: int) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: nn.Module, spec: OptimSpec, total_steps: int, fused: bool = False) -> dict:
+def make_optimizer(
+    model: nn.Module, spec: OptimSpec, total_steps: int, fused: bool = False
+) -> OptimizerLRSchedulerConfig:
     """What ``LightningModule.configure_optimizers`` returns: AdamW stepped with a per-step schedule. The
     parameter groups are split for fine-tuning when the runner marked ``model`` with a ``ParamSplit``
     (``xfam.model.init_from.mark_split``).
@@ -88,7 +96,7 @@ def make_optimizer(model: nn.Module, spec: OptimSpec, total_steps: int, fused: b
     opt = torch.optim.AdamW(
         param_groups(model, spec, split_of(model)),
         lr=spec.lr,
-        betas=tuple(spec.betas),
+        betas=(spec.betas[0], spec.betas[1]),
         eps=spec.eps,
         fused=fused or None,
     )

@@ -188,6 +188,7 @@ class Preemption(L.Callback):
         if not (wants_requeue or wants_stop):
             return
         signum = self.requeue_signal if wants_requeue else self.stop_signal
+        assert signum is not None  # (only a handled signal is wanted)
         ckpt = self.checkpoint
         ckpt.save_now(trainer)  # a periodic checkpoint's files, pruning and content (unless written at this step)
         if trainer.is_global_zero:
@@ -214,7 +215,7 @@ class Preemption(L.Callback):
             requeued = False
             if requeueing and job is None:
                 log.warning("preemption: not a SLURM job (no SLURM_JOB_ID): nothing to requeue")
-            elif requeueing:
+            elif requeueing and job is not None:
                 requeued = requeue(job)
             log.warning(
                 "preemption: stopped at step %d on %s; exiting with status %d. Continue with ckpt_path=auto%s.",

@@ -80,6 +80,8 @@ class ContinuedCSVLogger(CSVLogger):
     """``<save_dir>/logs/version_0/metrics.csv``, continued by a run resumed at ``resume_step``
     (0: a run starting from scratch replaces the rows of an earlier attempt)."""
 
+    _experiment: ContinuedWriter | None
+
     def __init__(self, save_dir: Path, resume_step: int = 0) -> None:
         super().__init__(save_dir=str(save_dir), name="logs", version=0)
         self.resume_step = resume_step
@@ -114,7 +116,8 @@ class ContinuedTensorBoardLogger(TensorBoardLogger):
     @property
     def experiment(self) -> Any:
         # only in this run's first writer: unchanged files since the logger was built (see ContinuedCSVLogger)
-        first = self._experiment is None and rank_zero_only.rank == 0
+        # (``rank`` is set on the function by Lightning at import; its type does not declare it)
+        first = self._experiment is None and rank_zero_only.rank == 0  # type: ignore[attr-defined]
         if first and self._found and _event_files(Path(self.log_dir)) == self._found:
             self._kwargs["purge_step"] = self.resume_step
         return super().experiment

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import secrets
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,9 @@ def sharded_strategy(trainer_kw: dict[str, Any], async_save: bool = False) -> Sh
     return ShardedStrategy(spawn=trainer_kw["strategy"] == "fsdp_spawn", param_dtype=dtype, async_save=async_save)
 
 
-def make_trainer(cfg: dict[str, Any], run_dir: Path, extra: list[L.Callback] = (), resume_step: int = 0) -> L.Trainer:
+def make_trainer(
+    cfg: dict[str, Any], run_dir: Path, extra: Sequence[L.Callback] = (), resume_step: int = 0
+) -> L.Trainer:
     """The Trainer of a validated config writing into ``run_dir`` (plus ``extra`` callbacks), resuming at
     ``resume_step`` (0: from scratch)."""
     quiet_lightning()
