@@ -12,15 +12,18 @@ Each is small enough to check by hand and proves one contract of the core (docs/
     toy_stop         exit: runs only the first ``stop_after`` layers
 
 They register into the real registries; their ``__module__`` does not start with ``xfam.``, so the
-registry/YAML bijection and the registry-driven contract tests ignore them. ``conftest.py`` imports
+registry/YAML bijection and the registry-driven contract tests ignore them. The doubles that register nothing
+(``TableBias``, ``ToyModifier``) and the model helpers (``build_model``, ``decode_logits`` ...) are the contract
+test kit's, ``xfam.testing.doubles``, re-exported here. ``conftest.py`` imports
 this module once as ``doubles`` (import it under that name only, or the toys register twice).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +35,6 @@ from xfam.api import (
     MEMORY,
     POS,
     AttentionMechanism,
-    AttnMask,
     DecodeState,
     ExitOutput,
     ExitPolicy,
@@ -47,8 +49,20 @@ from xfam.api import (
     expand_kv,
 )
 from xfam.attention.vanilla import reference_attention
-from xfam.model.spec import ModelSpec
-from xfam.model.transformer import XfamModel
+
+# The non-registering doubles and model helpers live in the contract test kit (xfam.testing.doubles), so a
+# component author's tests use the same ones; re-exported here for xfam's own tests.
+from xfam.testing.doubles import (  # noqa: F401
+    NO_SLOT,
+    TableBias,
+    ToyModifier,
+    assert_decode_equals_full,
+    assert_no_causal_leak,
+    assert_same_model,
+    build_model,
+    decode_logits,
+)
+from xfam.testing.doubles import own_components as xfam_components  # noqa: F401
 
 # -- score biases ------------------------------------------------------------------------------
 
@@ -71,21 +85,6 @@ def quadratic_bias_value(h: int, i: int, j: int, scale: float) -> float:
     return -scale * (h + 1) * (i - j) ** 2
 
 
-class TableBias(ScoreBias):
-    """An arbitrary bias ``b[h, i, j] = table[h, i, j]`` (random, fixed): not symmetric, not a function of
-    ``i - j``, so a path that transposes, shifts or drops the bias fails a parity test."""
-
-    def __init__(self, heads: int, max_pos: int = 32, seed: int = 1234):
-        super().__init__()
-        self.heads = heads
-        g = torch.Generator().manual_seed(seed)
-        self.register_buffer("table", torch.randn(heads, max_pos, max_pos, generator=g), persistent=False)
-
-    def pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        q_pos, k_pos = torch.broadcast_tensors(q_pos, k_pos)
-        return self.table[:, q_pos, k_pos]  # [H, *pairs]
-
-
 @POS.register("toy_bias")
 class ToyBiasPos(PositionalEncoding):
     """A ``bias`` encoding whose ScoreBias is ``-scale (h + 1) (i - j)^2``."""
@@ -102,28 +101,6 @@ class ToyBiasPos(PositionalEncoding):
 
 
 # -- score modifier ----------------------------------------------------------------------------
-
-
-class ToyModifier(ScoreModifier):
-    """``logits``: ``+ alpha * sum_d(q_i) * (j - i)`` (depends on q and on relative position);
-    ``output``: ``+ beta * sum_j p_ij (i - j) * [1, 2, ..., Dh]`` (a term computed from the probabilities).
-    ``i`` and ``j`` are key-index positions (query i sits at ``offset + i``)."""
-
-    def __init__(self, head_dim: int, alpha: float, beta: float):
-        super().__init__()
-        self.alpha, self.beta = alpha, beta
-        self.register_buffer("ramp", torch.arange(1, head_dim + 1, dtype=torch.float32), persistent=False)
-
-    def _dist(self, mask: AttnMask, like: Tensor) -> Tensor:
-        q_pos, k_pos = mask.positions(like.device)
-        return (q_pos[:, None] - k_pos[None, :]).to(like.dtype)  # [Sq, Sk], i - j
-
-    def logits(self, scores: Tensor, q: Tensor, k: Tensor, mask: AttnMask) -> Tensor:
-        return scores - self.alpha * q.sum(-1, keepdim=True) * self._dist(mask, scores)
-
-    def output(self, probs: Tensor, mask: AttnMask) -> Tensor:
-        mean_dist = (probs * self._dist(mask, probs)).sum(-1, keepdim=True)  # [B, H, Sq, 1]
-        return self.beta * mean_dist * self.ramp.to(probs.dtype)  # [B, H, Sq, Dh]
 
 
 @POS.register("toy_modifier")
@@ -258,16 +235,25 @@ class ToyDeep(ExitPolicy):
 
 @EXIT.register("toy_stop")
 class ToyStop(ExitPolicy):
-    """Every token stops after the first ``stop_after`` layers."""
+    """Every token stops after the first ``stop_after`` layers (every layer under ``full_depth()``)."""
 
     early_exit = True
 
     def __init__(self, *, stop_after: Annotated[int, Range(ge=1)] = 1):
         super().__init__()
         self.stop_after = stop_after
+        self.full = False
+
+    @contextlib.contextmanager
+    def full_depth(self) -> Iterator[None]:
+        self.full, before = True, self.full
+        try:
+            yield
+        finally:
+            self.full = before
 
     def forward(self, x: Tensor, stack: LayerStack) -> ExitOutput:
-        n = min(self.stop_after, stack.num_layers)
+        n = stack.num_layers if self.full else min(self.stop_after, stack.num_layers)
         for step in range(n):
             x = stack.run_layer(step, x)
         return ExitOutput(hidden=x, depth=torch.full(x.shape[:2], n, device=x.device))
@@ -293,85 +279,6 @@ class ToyStack:
 
     def head(self, x: Tensor, proj: nn.Module | None = None) -> Tensor:
         return self.head_fn(x, proj) if proj is not None else self.head_fn(x)
-
-
-NO_SLOT = {"name": "none"}
-
-
-def build_model(
-    *,
-    task: str = "lm",
-    attention: dict[str, Any] | None = None,
-    pos: dict[str, Any] | str = "none",
-    memory: dict[str, Any] | None = None,
-    exit: dict[str, Any] | None = None,
-    vocab_size: int = 13,
-    num_classes: int | None = None,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    **spec: Any,
-) -> XfamModel:
-    """A tiny model (dim 32, 2 layers, 4 heads unless overridden), seeded, in eval mode."""
-    torch.manual_seed(seed)
-    spec = {"dim": 32, "layers": 2, "heads": 4, "max_len": 32, **spec}
-    model = XfamModel(
-        ModelSpec(**spec),
-        task=task,
-        vocab_size=vocab_size,
-        num_classes=num_classes if num_classes is not None else (3 if task == "classify" else None),
-        attention=attention or {"name": "vanilla"},
-        pos={"name": pos} if isinstance(pos, str) else pos,
-        memory=memory or NO_SLOT,
-        exit=exit or NO_SLOT,
-    )
-    return model.to(dtype).eval()
-
-
-def decode_logits(
-    model: XfamModel, tokens: Tensor, prompt: int, step: int = 1, key_padding: Tensor | None = None
-) -> Tensor:
-    """Logits of ``tokens`` computed with the decode cache: the first ``prompt`` tokens at once, then
-    ``step`` tokens per call (each with its slice of ``key_padding``); concatenated to ``[B, S, V]``."""
-    pad = (lambda a, b: None) if key_padding is None else (lambda a, b: key_padding[:, a:b])
-    out = model(tokens[:, :prompt], key_padding=pad(0, prompt), cache=model.empty_cache())
-    logits, cache = [out.logits], out.cache
-    for t in range(prompt, tokens.shape[1], step):
-        out = model(tokens[:, t : t + step], key_padding=pad(t, t + step), cache=cache)
-        logits.append(out.logits)
-        cache = out.cache
-    return torch.cat(logits, dim=1)
-
-
-def assert_same_model(a: XfamModel, b: XfamModel, tokens: Tensor) -> None:
-    """``a`` and ``b`` hold the same parameters and buffers and give the same logits (bit for bit)."""
-    assert a.state_dict().keys() == b.state_dict().keys()
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
-    assert torch.equal(a(tokens).logits, b(tokens).logits)
-
-
-def assert_no_causal_leak(model: XfamModel, vocab_size: int, length: int = 10, at: int = 6) -> None:
-    """Changing token ``at`` changes no earlier output, and does change the later ones."""
-    x = torch.randint(0, vocab_size, (2, length))
-    y = x.clone()
-    y[:, at] = (y[:, at] + 1) % vocab_size
-    a, b = model(x).logits, model(y).logits
-    assert torch.equal(a[:, :at], b[:, :at])
-    assert not torch.allclose(a[:, at:], b[:, at:], atol=1e-4)
-
-
-def assert_decode_equals_full(
-    model: XfamModel, tokens: Tensor, key_padding: Tensor | None, prompt: int = 4, step: int = 1
-) -> None:
-    """Cached decoding (``decode_logits``) gives the full forward's logits on every real position."""
-    full = model(tokens, key_padding=key_padding).logits
-    cached = decode_logits(model, tokens, prompt, step=step, key_padding=key_padding)
-    real = slice(None) if key_padding is None else key_padding[:, :, None].expand_as(full)
-    assert torch.allclose(cached[real], full[real], atol=1e-5), (key_padding is None, step)
-
-
-def xfam_components(registry: Any) -> list[str]:
-    """Names of the real components of a registry (the test doubles excluded)."""
-    return [name for name, cls in registry.items() if cls.__module__.startswith("xfam.")]
 
 
 @ATTENTION.register("toy_aux")

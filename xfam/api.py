@@ -4,7 +4,7 @@ A new attention mechanism, positional encoding, memory, exit policy or data sour
 slot's base class, registers itself under a name, and speaks only the contract types below (masks,
 score biases, decode and memory state, the layer stack an exit policy drives); the model builder
 injects the structural sizes (``dim``, ``heads``, ``max_len``, ...) into its keyword-only constructor.
-See the README's "Adding a component" and docs/architecture.md.
+See docs/tutorials/add-a-component.md (a worked example) and docs/architecture.md.
 
     from xfam.api import ATTENTION, AttentionMechanism, AttnMask
 
@@ -14,6 +14,7 @@ See the README's "Adding a component" and docs/architecture.md.
 """
 
 from xfam.attention import ATTENTION, AttentionMechanism
+from xfam.attention.vanilla import reference_attention
 from xfam.core.bias import ScoreBias, ScoreModifier, additive_mask
 from xfam.core.context import LayerContext
 from xfam.core.errors import ConfigError
@@ -55,6 +56,8 @@ __all__ = [
     "LayerContext",
     "LayerStack",
     "expand_kv",
+    # explicit-score softmax attention, the ground truth a mechanism is compared against (xfam.testing does)
+    "reference_attention",
     "TimestepSignal",
     "sinusoid_table",
     # registry, parameter constraints, errors, logging

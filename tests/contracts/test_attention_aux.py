@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from doubles import build_model
 
+from xfam.testing import aux_losses
+
 
 def test_mechanism_aux_losses_are_summed_over_layers_and_differentiable() -> None:
     model = build_model(attention={"name": "toy_aux", "weight": 0.5}, layers=3)
@@ -18,6 +20,10 @@ def test_mechanism_aux_losses_are_summed_over_layers_and_differentiable() -> Non
     out.aux["attention/toy"].backward()
     for block in model.blocks:
         assert block.attn.qkv.weight.grad.abs().sum() > 0
+
+
+def test_the_toy_meets_the_kits_aux_loss_contract() -> None:
+    aux_losses.test_aux_losses_are_summed_over_layers_and_reach_every_layer("toy_aux", {"weight": 0.5})
 
 
 def test_aux_losses_through_a_per_head_schedule() -> None:

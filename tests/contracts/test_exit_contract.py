@@ -1,13 +1,19 @@
-"""The exit contract (the policy owns how depth is traversed, returns its aux losses and the depth used),
-proven with ``toy_deep`` (deep supervision over every layer) and ``toy_stop`` (stop after k layers)."""
+"""The exit contract (the policy owns how depth is traversed, returns its aux losses and the depth used): the
+kit's (``xfam.testing.exit``, ``yaml_defaults``) for every registered ``xfam.`` policy and the toys, the same
+functions a component author runs with ``contract_tests("exit", "<name>")``; and what the core promises, proven
+with ``toy_deep`` (deep supervision over every layer) and ``toy_stop`` (stop after k layers)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from doubles import build_model, decode_logits
+from doubles import build_model, decode_logits, xfam_components
+
+from xfam.exit import EXIT
+from xfam.testing import contract_tests
 
 V = 13
+TestExit = contract_tests("exit", [*xfam_components(EXIT), "toy_deep", "toy_stop"])
 
 
 @pytest.mark.parametrize("task", ["lm", "classify"])

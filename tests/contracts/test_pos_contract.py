@@ -1,133 +1,23 @@
 """The positional contract, for every registered ``xfam.`` encoding, in a full model.
 
-A new encoding gets these tests by registering: shapes, gradient flow, no causal leak through the
-whole LM, cached decoding equal to recomputing the prefix, determinism given a seed, a working
-bidirectional classifier, and the SDPA fast path equal to the einsum reference path.
+The contracts are the kit's (``xfam.testing.pos``, ``backends``, ``yaml_defaults``), the same functions a
+component author runs with ``contract_tests("pos", "<name>")``; a new encoding of xfam gets them by registering.
+Its pairs with every attention mechanism are test_attention_pos_matrix.py's.
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
-from doubles import build_model, decode_logits, xfam_components
+from doubles import xfam_components
 
 from xfam.pos import POS
+from xfam.testing import contract_tests
+from xfam.testing import pos as pos_contract
 
-POS_NAMES = xfam_components(POS)
-V, S = 13, 12
-
-
-def tokens(b: int = 2, s: int = S) -> torch.Tensor:
-    return torch.randint(0, V, (b, s))
+TestPos = contract_tests("pos", xfam_components(POS), parts=["pos", "backends", "yaml_defaults"])
 
 
-@pytest.mark.parametrize("pos", POS_NAMES)
-def test_lm_shapes_and_gradient_flow(pos):
-    model = build_model(pos=pos).train()
-    x = tokens()
-    out = model(x)
-    assert out.logits.shape == (2, S, V) and out.aux == {} and out.cache is None and out.memory is None
-    torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), x.roll(-1, 1).flatten()).backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), name
-        assert p.grad.abs().sum() > 0, f"no gradient reaches {name}"
-
-
-@pytest.mark.parametrize("pos", POS_NAMES)
-def test_no_causal_leak_through_the_lm(pos):
-    model = build_model(pos=pos, layers=3)
-    x = tokens()
-    base = model(x).logits
-    for t in (0, 5, S - 1):
-        x2 = x.clone()
-        x2[:, t] = (x2[:, t] + 1) % V
-        out = model(x2).logits
-        assert torch.allclose(out[:, :t], base[:, :t], atol=1e-6), f"changing token {t} changed earlier logits"
-        assert not torch.allclose(out[:, t:], base[:, t:], atol=1e-4)
-
-
-@pytest.mark.parametrize("pos", POS_NAMES)
-@pytest.mark.parametrize(("prompt", "step"), [(5, 1), (1, 4)])
-def test_cached_decode_equals_full_recompute(pos, prompt, step):
-    model = build_model(pos=pos, kv_heads=2)
-    x = tokens()
-    assert torch.allclose(decode_logits(model, x, prompt, step), model(x).logits, atol=1e-5)
-
-
-@pytest.mark.parametrize("pos", POS_NAMES)
-def test_cached_decode_with_left_padding_equals_full_recompute(pos):
-    """Batched generation with left padding: cached pad keys stay masked in every later step."""
-    model = build_model(pos=pos)
-    x = tokens()
-    pad = torch.tensor([[False] * 3 + [True] * (S - 3), [True] * S])
-    full = model(x, key_padding=pad).logits
-    real = pad[:, :, None].expand_as(full)
-    for prompt, step in ((5, 1), (2, 3)):
-        dec = decode_logits(model, x, prompt, step, key_padding=pad)
-        assert torch.allclose(dec[real], full[real], atol=1e-5)
-
-
-@pytest.mark.parametrize("pos", POS_NAMES)
-def test_deterministic_given_a_seed(pos):
-    x = tokens()
-    a, b = build_model(pos=pos, seed=3), build_model(pos=pos, seed=3)
-    assert torch.equal(a(x).logits, b(x).logits)
-    assert torch.equal(a(x).logits, a(x).logits)
-
-
-@pytest.mark.parametrize("pos", POS_NAMES)
-def test_bidirectional_classifier(pos):
-    """Forward works with padding; padded tokens change nothing; order matters unless pos has no order."""
-    model = build_model(pos=pos, task="classify", num_classes=3)
-    assert not model.causal
-    x = tokens()
-    pad = torch.tensor([[True] * S, [True] * 9 + [False] * 3])
-    out = model(x, key_padding=pad).logits
-    assert out.shape == (2, 3) and torch.isfinite(out).all()
-    x2 = x.clone()
-    x2[1, 9:] = (x2[1, 9:] + 1) % V
-    assert torch.allclose(model(x2, key_padding=pad).logits, out, atol=1e-6)
-    # a future token is visible to every position in an encoder
-    x3 = x.clone()
-    x3[:, -1] = (x3[:, -1] + 1) % V
-    assert not torch.allclose(model(x3).logits[0], model(x).logits[0], atol=1e-5)
-    # Order: with weights of unit scale (at the N(0, 0.02) init, a multiplicative modifier such as DA's
-    # rescales scores of ~1e-3 and moves the logits by less than any tolerance).
-    model = build_model(pos=pos, task="classify", num_classes=3, init_std=0.5)
-    perm = torch.randperm(S)
-    permuted = model(x[:, perm]).logits
-    if POS.get(pos).kind == "none":  # mean-pooled self-attention without positions is permutation invariant
-        assert torch.allclose(permuted, model(x).logits, atol=1e-5)
-    else:
-        assert not torch.allclose(permuted, model(x).logits, atol=1e-5)
-
-
-@pytest.mark.parametrize("pos", [*POS_NAMES, "toy_bias"])
 @pytest.mark.parametrize("task", ["lm", "classify"])
-def test_sdpa_path_equals_reference_path(pos, task):
-    if POS.get(pos).kind == "modifier":
-        pytest.skip("sdpa cannot host a score modifier (refused by xfam.model.compat)")
-    x = tokens()
-    pad = torch.tensor([[False] * 2 + [True] * (S - 2), [True] * (S - 3) + [False] * 3])
-    seg = torch.tensor([[0] * 6 + [1] * 6, [0] * S])
-    fast = build_model(pos=pos, task=task, kv_heads=2, attention={"name": "vanilla", "backend": "sdpa"})
-    ref = build_model(pos=pos, task=task, kv_heads=2, attention={"name": "vanilla", "backend": "torch"})
-    for kw in ({}, {"key_padding": pad}, {"segments": seg}):
-        a, b = fast(x, **kw).logits, ref(x, **kw).logits
-        assert torch.allclose(a, b, atol=1e-5), kw
-
-
-@pytest.mark.parametrize("pos", POS_NAMES)
-@pytest.mark.parametrize("task", ["lm", "classify"])
-def test_a_shift_of_every_position_changes_nothing_exactly_when_relative(pos, task):
-    """Left padding moves the real tokens to positions c..c+S-1. A relative encoding (``relative = True``:
-    ALiBi, RoPE, T5, Shaw, XL, DA, dynamic, none) gives the same outputs; an absolute one does not."""
-    model = build_model(pos=pos, task=task, init_std=0.5)  # unit-scale scores: positions matter
-    x = tokens()
-    for c in (1, 7):
-        shifted = torch.cat((torch.zeros(2, c, dtype=x.dtype), x), 1)
-        pad = torch.cat((torch.zeros(2, c, dtype=torch.bool), torch.ones(2, S, dtype=torch.bool)), 1)
-        base, moved = model(x).logits, model(shifted, key_padding=pad).logits
-        moved = moved[:, c:] if task == "lm" else moved
-        same = torch.allclose(moved, base, atol=1e-4)
-        assert same == POS.get(pos).relative, f"pos={pos}: shift by {c} {'changed' if not same else 'kept'} outputs"
+def test_sdpa_path_equals_reference_path_with_the_toy_bias(task):
+    """The fast path with an arbitrary-looking bias, b = -scale (h + 1) (i - j)^2 (``toy_bias``)."""
+    pos_contract.test_sdpa_path_equals_reference_path("toy_bias", {}, task)

@@ -4,7 +4,8 @@ Bottom up: ``core`` (contracts, registry, errors, logs; nothing of xfam) < ``ker
 kernels and their references) < the slots ``attention``, ``pos``, ``memory``, ``exit`` (each: core,
 kernels and its own engines, never another slot) and the engines ``data``, ``knnlm`` (core only) <
 ``model`` and ``config`` (and ``api``, the component authors' import) < ``eval`` (tools without
-Lightning) < ``training`` (runner, Hydra glue, Lightning) < ``cli``. Every import counts, also one
+Lightning) < ``training`` (runner, Hydra glue, Lightning) < ``cli`` < ``testing`` (the contract test kit, which
+needs pytest: nothing of xfam imports it). Every import counts, also one
 inside a function, and no two modules import each other, directly or around a circle.
 """
 
@@ -18,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = ("attention", "pos", "memory", "exit")
 RANK = {
+    "configs": 0,  # (the YAML files as a package: no code of its own)
     "core": 0,
     "kernels": 1,
     **dict.fromkeys(SLOTS, 2),
@@ -29,6 +31,7 @@ RANK = {
     "eval": 4,
     "training": 5,
     "cli": 6,
+    "testing": 7,  # the contract test kit: may import anything of xfam, and nothing of xfam imports it
 }
 #: Peers of one rank that may import each other (the model layer: validation builds model specs and
 #: checks compatibility; the builder takes the validated config).
@@ -141,3 +144,5 @@ def test_the_layering_check_catches_a_slot_importing_another() -> None:
     assert violation("xfam.eval.loop", "xfam.cli.evaluate")
     assert violation("xfam.attention.vanilla", "xfam.core.mask") is None
     assert violation("xfam.model.build", "xfam.config") is None
+    assert violation("xfam.cli.main", "xfam.testing") and violation("xfam.core.registry", "xfam.testing.doubles")
+    assert violation("xfam.testing.matrix", "xfam.training.run_names") is None

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from xfam.core.errors import ConfigError, close_matches, unknown_choice
+from xfam.core.plugins import DuplicateComponent
 
-T = TypeVar("T")
+T = TypeVar("T", bound="Component")
 
 #: What the model builder injects; a component receives the ones its signature names (``out_dim``:
 #: the head's output size, vocabulary or classes, for exit policies with their own classifiers). ``shared``
@@ -128,9 +129,8 @@ def signature_params(fn: Callable) -> dict[str, inspect.Parameter]:
     for p in sig.parameters.values():
         if p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
-        default = (
-            factories[p.name]() if factories.get(p.name, dataclasses.MISSING) is not dataclasses.MISSING else p.default
-        )
+        factory = factories.get(p.name)
+        default = factory() if callable(factory) else p.default  # (a field without one has MISSING there)
         out[p.name] = p.replace(annotation=hints.get(p.name, p.annotation), default=default)
     return out
 
@@ -209,12 +209,12 @@ class Registry(Generic[T]):
     def __init__(self, slot: str, base: type):
         self.slot = slot
         self.base = base
-        self._classes: dict[str, type] = {}
+        self._classes: dict[str, type[T]] = {}
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         def deco(cls: type[T]) -> type[T]:
             if name in self._classes:
-                raise RuntimeError(f"{self.slot} component {name!r} registered twice")
+                raise DuplicateComponent(self.slot, name, self._classes[name], cls)
             if not issubclass(cls, self.base):
                 raise TypeError(f"{cls.__name__} must subclass {self.base.__name__} to be a {self.slot}")
             bad = [p.name for p in signature_params(cls).values() if p.kind is not p.KEYWORD_ONLY]
