@@ -11,7 +11,7 @@ Public Python API (imported lazily, so ``import xfam`` stays cheap):
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # (pyproject.toml reads it; CHANGELOG.md)
 
 _API = {
     "build_model": "xfam.model.build",

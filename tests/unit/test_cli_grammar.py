@@ -202,7 +202,14 @@ def test_help_anywhere_prints_the_table() -> None:
     assert "usage: tool <command>" in help_of(TREE, ["--help"]) and "sub plain" in help_of(TREE, ["-h"])
 
 
-@pytest.mark.parametrize("name", list(commands()))
+def test_a_raw_command_gets_its_words_verbatim_help_included() -> None:
+    """``xfam train``'s words are Hydra's: the grammar hands them on, ``--help`` and flags included."""
+    words = ["-m", "pos=alibi,rope", "--config-dir", "mine", "--help", "+plugins=[a.b]"]
+    command, args = parse(XFAM, ["train", *words])
+    assert command.raw and command.name == "train" and args.words == words
+
+
+@pytest.mark.parametrize("name", [name for name, command in commands().items() if not command.raw])
 def test_xfam_help_lists_every_key_with_type_default_and_help(name: str) -> None:
     command = commands()[name]
     text = help_of(XFAM, [*name.split(), "--help"])

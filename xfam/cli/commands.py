@@ -1,6 +1,8 @@
 """Every ``xfam`` subcommand, declared in the shared grammar (``xfam.cli.grammar``): its options with their
 types, defaults, help and checks, and the function that runs it. A new subcommand is one more ``Command``
 here (its implementation in a module of its own, imported only when it runs: ``xfam --help`` stays quick).
+
+One file over 400 lines: every subcommand's declaration in one place, read together as the command's reference.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from xfam.cli.grammar import (
     must,
 )
 from xfam.core.errors import ConfigError
+from xfam.model.exported import is_exported
 from xfam.model.sharded import is_sharded
 
 SPLITS = Choice("train", "validation", "test")
@@ -33,14 +36,30 @@ CKPT_EXAMPLE = "runs/<name>/<run>/checkpoints/last.ckpt"
 
 
 def checkpoint_file(option: Option, value: str) -> str | None:
-    """A checkpoint must be an existing file or a sharded checkpoint's folder (checked before anything is loaded)."""
-    if os.path.isfile(value) or is_sharded(value):
+    """A checkpoint must be an existing file, a sharded checkpoint's folder or an exported model folder (``xfam
+    export``; checked before anything is loaded)."""
+    if os.path.isfile(value) or is_sharded(value) or is_exported(value):
         return None
-    what = "is a folder but not a sharded checkpoint (no meta.pt)" if os.path.isdir(value) else "does not exist"
-    return (
-        f"{option.name}={value!r} {what}. Fix: pass the path of a .ckpt file or of a sharded checkpoint's folder, "
-        f"e.g. {option.name}={CKPT_EXAMPLE}."
+    what = (
+        "is a folder but neither a sharded checkpoint (no meta.pt) nor an exported model (no config.json)"
+        if os.path.isdir(value)
+        else "does not exist"
     )
+    return (
+        f"{option.name}={value!r} {what}. Fix: pass the path of a .ckpt file, of a sharded checkpoint's folder or of "
+        f"a folder written by `xfam export`, e.g. {option.name}={CKPT_EXAMPLE}."
+    )
+
+
+def training_checkpoint(option: Option, value: str) -> str | None:
+    """``checkpoint_file``, but not an exported model folder: the command needs what only a training checkpoint
+    holds (its optimizer and loop state, or the checkpoint to export)."""
+    if is_exported(value) and not is_sharded(value):
+        return (
+            f"{option.name}={value!r} is an exported model folder (`xfam export`), which holds no training state. "
+            f"Fix: pass the training checkpoint it was exported from (a .ckpt file or a sharded checkpoint's folder)."
+        )
+    return checkpoint_file(option, value)
 
 
 def device_name(option: Option, value: str) -> str | None:
@@ -61,8 +80,13 @@ def device_name(option: Option, value: str) -> str | None:
 POSITIVE = must("an integer >= 1", at_least(1))
 
 
-def ckpt(help: str = "checkpoint file (.ckpt)") -> Option:
+def ckpt(help: str = "checkpoint: a .ckpt file, or a folder (sharded, or written by xfam export)") -> Option:
     return Option("ckpt", PATH, help=help, required=True, check=checkpoint_file, example=CKPT_EXAMPLE)
+
+
+def training_ckpt(help: str) -> Option:
+    """``ckpt`` of a command that needs a training checkpoint (not an exported model folder)."""
+    return Option("ckpt", PATH, help=help, required=True, check=training_checkpoint, example=CKPT_EXAMPLE)
 
 
 def batch_size() -> Option:
@@ -81,10 +105,20 @@ EXIT = Passthrough(
     example="exit.threshold=0.8",
 )
 
+TRAIN = Command(
+    "train",
+    "train a model: train.py's job from any directory (Hydra overrides; `xfam train --help`)",
+    run="xfam.cli.train:run",
+    raw=True,
+)
+
 LIST = Command(
     "list",
     "components, their parameters and capabilities, compatibility",
-    (Option("markdown", BOOL, False, "print the README's slot table instead"),),
+    (
+        Option("markdown", BOOL, False, "print the slot table in markdown instead"),
+        Option("plugins", ListOf(STR), [], "modules that register components (as train's +plugins=[...])"),
+    ),
     run="xfam.cli.listing:run",
 )
 
@@ -277,11 +311,28 @@ CONVERT = Command(
     "convert",
     "a sharded checkpoint (trainer=fsdp, a folder) to one file, or one file to a sharded folder",
     (
-        ckpt("checkpoint: a sharded checkpoint's folder, or a .ckpt file"),
+        training_ckpt("checkpoint: a sharded checkpoint's folder, or a .ckpt file"),
         Option("out", PATH, help="where to write the other format", required=True, example="runs/x/last-full.ckpt"),
         Option("overwrite", BOOL, False, "replace an existing out"),
     ),
     run="xfam.cli.convert:run",
+)
+
+EXPORT = Command(
+    "export",
+    "a checkpoint to a model folder without pickle (safetensors, config.json, model card)",
+    (
+        training_ckpt("training checkpoint: a .ckpt file or a sharded checkpoint's folder"),
+        Option("out", PATH, help="the folder to write (new or empty)", required=True, example="exports/my-model"),
+        Option("force", BOOL, False, "write into a non-empty out (replaces an export's files, keeps others)"),
+    ),
+    run="xfam.cli.export:run",
+    description="""\
+Writes into out: model.safetensors (the weights; shared tensors stored once), config.json (the run's resolved
+config, data info, versions, format), tokenizer.json (a BPE or pretrained tokenizer) and README.md (a model card:
+components and papers, size, data, metrics, the training command). The folder loads without pickle:
+xfam.load_model(out), xfam eval ckpt=out, xfam generate ckpt=out. Upload it yourself, e.g.
+huggingface-cli upload <user>/<model> out . (docs/export.md).""",
 )
 
 
@@ -346,6 +397,7 @@ KNNLM = Group(
 )
 
 DESCRIPTION = """\
+    xfam train attention=performer pos=alibi   train (Hydra overrides, -m sweeps, --config-dir DIR)
     xfam list [markdown=true]              every slot, component, parameter and capability
     xfam eval ckpt=PATH [split=test]       metrics of a checkpoint on a split of its data
     xfam generate ckpt=PATH prompt="def "  sampling (KV cache; memory models carry their memory)
@@ -354,6 +406,7 @@ DESCRIPTION = """\
     xfam knnlm eval ckpt=PATH store=DIR    the checkpoint with and without kNN-LM interpolation
     xfam rollout ckpt=PATH target_return=500,250   a Decision Transformer acting in its environment
     xfam convert ckpt=PATH out=PATH        a sharded checkpoint (a folder) <-> one file
+    xfam export ckpt=PATH out=DIR          a model folder without pickle: safetensors, config.json, model card
 
 Options are key=value words, as train.py's overrides (--key=value and --key value work too; a bool
 option takes true/false, 1/0 or yes/no, and --key alone means true; key=null sets an option whose
@@ -363,8 +416,8 @@ default is null to None). Early-exit models take exit.KEY=VALUE words in eval, g
 #: The ``xfam`` command: every subcommand.
 XFAM = Group(
     "xfam",
-    "list components, evaluate, sample from, roll out and convert checkpoints",
-    (LIST, EVAL, GENERATE, CALIBRATE, KNNLM, ROLLOUT, CONVERT),
+    "train, list components, evaluate, sample from, roll out, convert and export checkpoints",
+    (TRAIN, LIST, EVAL, GENERATE, CALIBRATE, KNNLM, ROLLOUT, CONVERT, EXPORT),
     description=DESCRIPTION,
 )
 

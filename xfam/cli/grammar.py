@@ -115,6 +115,8 @@ class Command:
     passthrough: Passthrough | None = None
     description: str = ""
     checks: tuple[Callable[[Args], list[str]], ...] = ()
+    #: The command reads its words itself (``xfam train``: Hydra's grammar), as ``args.words``, ``--help`` included.
+    raw: bool = False
 
     def __post_init__(self) -> None:
         names = [o.name for o in self.options]
@@ -191,6 +193,9 @@ def parse(root: Group | Command, argv: Sequence[str], out: TextIO | None = None)
             raise ConfigError(_line(prog, f"invalid choice: {words[0]!r} (choose from {', '.join(names)}).{hint}", fix))
         setattr(args, node.dest, chosen.name)
         node, prog, words = chosen, f"{prog} {chosen.name}", words[1:]
+    if node.raw:
+        args.words = words
+        return node, args
     if any(w in HELP_WORDS for w in words):
         _print_help(node, prog, out)
     problems, unread = _read(node, prog, words, args)
@@ -292,7 +297,7 @@ def _print_help(node: Command | Group, prog: str, out: TextIO | None) -> None:
     raise SystemExit(0)
 
 
-def _table(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]], indent: str = "  ") -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return [(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip() for r in rows]
 

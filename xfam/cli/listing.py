@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from xfam.config import SLOTS
-from xfam.core.registry import Registry, defaults_of
+from xfam.core import plugins
+from xfam.core.registry import Component, Registry, defaults_of
 from xfam.data.base import DATA
 from xfam.model import block_compat, compat
 
@@ -20,7 +21,7 @@ def capabilities(registry: Registry) -> list[str]:
     return [k for k, v in annotations if "ClassVar" in str(v) and not k.startswith("_") and not k.endswith("_why")]
 
 
-def summary(cls: type) -> str:
+def summary(cls: type[Component]) -> str:
     """One line: the first sentence of the class docstring, and its paper."""
     doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     line = " ".join(doc.split()).rstrip(".")
@@ -45,7 +46,8 @@ def listing() -> str:
         lines.append(f"== {slot} ({len(reg.names())}) ==")
         caps = capabilities(reg)
         for name, cls in reg.items():
-            lines.append(f"  {name:<12} {summary(cls)}")
+            provider = plugins.origin(cls)
+            lines.append(f"  {name:<12} {summary(cls)}" + (f" [plugin: {provider}]" if provider else ""))
             params = defaults_of(cls)
             if params:
                 lines.append("      params: " + ", ".join(f"{k}={_fmt(v)}" for k, v in params.items()))
@@ -93,7 +95,7 @@ def block_listing() -> list[str]:
 
 
 def block_markdown() -> str:
-    """docs/blocks.md's option table and option x slot matrix (``scripts/update_readme.py`` writes them)."""
+    """docs/blocks.md's option table and option x slot matrix (``scripts/generate_docs.py`` writes them)."""
     table = compat.block_matrix()
     out = ["| override | what it changes | paper | refused with |", "|---|---|---|---|"]
     for row, option in block_compat.OPTIONS.items():
@@ -133,7 +135,7 @@ def _caps_short(cls: type, registry: Registry) -> str:
 
 
 def markdown_table() -> str:
-    """The README's slot table (``xfam list --markdown``): xfam's own components."""
+    """The slot table in markdown (``xfam list --markdown``): xfam's own components."""
     out = ["| slot | component | method | parameters (defaults) | capabilities |", "|---|---|---|---|---|"]
     for slot, name, cls, reg in _rows():
         if not cls.__module__.startswith("xfam."):
@@ -145,5 +147,7 @@ def markdown_table() -> str:
 
 
 def run(args: Args) -> None:
-    """``xfam list``: the listing, or the README's slot table (``markdown=true``)."""
+    """``xfam list``: the listing, or the slot table in markdown (``markdown=true``); installed plugins (entry points)
+    and the modules of ``plugins=`` included."""
+    plugins.load(args.plugins)
     print(markdown_table() if args.markdown else listing())

@@ -33,6 +33,11 @@ def _fail(err: ConfigError) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv in (["--version"], ["-V"]):
+        import xfam
+
+        print(f"xfam {xfam.__version__}")
+        return
     try:
         command, args = parse(XFAM, argv)
     except ConfigError as err:  # the command line itself: never a traceback

@@ -12,7 +12,7 @@ import copy
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import xfam.data  # noqa: F401  (registers every data source)
 from xfam.config.metrics import _metric_problems
@@ -22,6 +22,7 @@ from xfam.config.specs import CallbacksSpec, LoaderSpec, LoggerSpec, OptimSpec, 
 from xfam.config.task import TaskSpec, arch_problems, known_task, resolve_task
 from xfam.config.trainer import check_trainer
 from xfam.config.trainer_args import SHARDED_STRATEGIES
+from xfam.core import plugins
 from xfam.core.errors import ConfigError, unknown_choice
 from xfam.core.registry import check_params
 from xfam.core.schedule import per_layer
@@ -96,7 +97,11 @@ def _missing_keys(cls: type, params: Mapping[str, Any], section: str) -> list[st
         if field.name in params:
             continue
         key = f"{section}.{field.name}" if section else field.name
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        else:
+            assert callable(field.default_factory)  # (every field of a section has a default)
+            default = field.default_factory()
         out.append(
             f"{key}: missing (deleted, e.g. by ~{key}); xfam reads every key of "
             f"{'the ' + section + ' section' if section else 'the top level of the config'}. "
@@ -218,10 +223,11 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
     """Raise one ``ConfigError`` with every problem in ``cfg`` (a plain, resolved config dict); a valid one
     comes back as its ``RunConfig`` (built from a copy of ``cfg``: later changes to ``cfg`` do not reach it)."""
     cfg = copy.deepcopy(dict(cfg))
+    plugins.load(cfg.get(plugins.KEY, []))  # third-party components, before any name is looked up
     problems: list[str] = []
     if missing := [s for s in SECTIONS if not isinstance(cfg.get(s), Mapping)]:
         raise ConfigError([_missing_section(s, cfg.get(s, _ABSENT)) for s in missing])
-    top = {k: v for k, v in cfg.items() if k not in SECTIONS}
+    top = {k: v for k, v in cfg.items() if k not in SECTIONS and k != plugins.KEY}
     problems += check_params(RunSpec, top, "config", structural=()) + _missing_keys(RunSpec, top, "")
     problems += _name_problems(top.get("name"))
     for section, cls in (("loader", LoaderSpec), ("optim", OptimSpec), ("logger", LoggerSpec)):
@@ -292,12 +298,12 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
     if sel is not None:
         # What the data's rows are (token ids, vectors, images: xfam.model.inputs), for the checks that need ids.
         # (a data section with problems of its own, reported above, is not read further)
-        data_ok = data_cls is not None and not data_problems
-        inputs = data_cls.inputs_for(cfg["data"]) if data_ok else TOKENS
+        readable = data_cls if not data_problems else None
+        inputs = readable.inputs_for(cfg["data"]) if readable is not None else TOKENS
         sel.inputs, sel.continuous_actions = inputs["kind"], inputs.get("action_dim") is not None
-        sel.documents = data_cls.documents_for(cfg["data"]) if data_ok else sel.documents
+        sel.documents = readable.documents_for(cfg["data"]) if readable is not None else sel.documents
         problems += input_problems(inputs, spec, data_name, sel.pos[0].bounded)
-        sel.image = _image_of(data_cls, cfg["data"]) if data_ok else None
+        sel.image = _image_of(data_cls, cfg["data"]) if readable is not None else None
         problems += compat.check(sel)
         problems += _metric_problems(cfg, data_cls, sel)
         seq_len = cfg["data"].get("seq_len")
@@ -327,7 +333,7 @@ def validate(cfg: Mapping[str, Any]) -> RunConfig:
     assert sel is not None  # (a slot problem otherwise)
     streams, why = streams_of(cfg["loader"], sel.memory)
     return RunConfig(
-        raw=cfg,
+        raw=cast(dict[str, Any], cfg),  # (the deep copy made above)
         spec=spec,
         attention=tuple(per_layer(cfg["attention"], spec.layers, "attention")),
         memory=tuple(per_layer(cfg["memory"], spec.layers, "memory")),

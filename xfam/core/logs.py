@@ -68,3 +68,18 @@ def quiet_lightning() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropAdverts) for f in logger.filters):
             logger.addFilter(_DropAdverts())
+    one_line_per_message()
+
+
+def one_line_per_message() -> None:
+    """Lightning, imported before logging is configured, gives its loggers a console handler of their own; once
+    Hydra's job logging (or a spawned rank's) has configured the root logger, its lines would show twice (its
+    handler, then the root's). Drop Lightning's handler then: the root's prints the line once and also writes it
+    to the run's ``train.log``."""
+    if not logging.getLogger().handlers:
+        return  # nothing configured (a library use of xfam): Lightning's own handler is the only one
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True

@@ -9,6 +9,7 @@ import xfam.attention
 import xfam.exit
 import xfam.memory
 import xfam.pos  # noqa: F401  (registers every component)
+from xfam.core import plugins
 from xfam.core.errors import ConfigError
 from xfam.core.registry import RESERVED, STRUCTURAL, check_params
 from xfam.core.schedule import per_layer
@@ -20,7 +21,7 @@ from xfam.model.encoder_decoder import EncoderDecoder
 from xfam.model.inputs import inputs_of
 from xfam.model.long_term import open_long_term
 from xfam.model.spec import ModelSpec
-from xfam.model.transformer import XfamModel
+from xfam.model.transformer import Task, XfamModel
 
 
 def data_info(source: DataSource, task: str | None = None) -> dict[str, Any]:
@@ -104,7 +105,7 @@ def build_model(config: Any, info: dict[str, Any]) -> XfamModel | EncoderDecoder
     that ``xfam.validate`` returns, whose spec and per-layer slot configs are used as validated. A run
     configuration is recognised by its ``spec`` (a ``ModelSpec``): this layer sits below ``xfam.config``
     and does not import it."""
-    if isinstance(getattr(config, "spec", None), ModelSpec):
+    if isinstance(getattr(config, "spec", None), ModelSpec):  # (validated: its plugins are loaded)
         spec = config.spec
         # Each layer's config as its own item of a per_layer list (xfam.core.schedule's list form, one item
         # per layer): the model builds every layer from exactly the config validation derived for it.
@@ -118,6 +119,7 @@ def build_model(config: Any, info: dict[str, Any]) -> XfamModel | EncoderDecoder
         encoder = None if enc is None else (enc.spec, {"per_layer": list(enc.attention)}, enc.pos)
         cross = {"per_layer": list(config.cross)} if config.cross else None
     else:
+        plugins.load(config.get(plugins.KEY, []))  # a checkpoint's config: the components its run imported
         spec = ModelSpec(**config["model"])
         slots = {slot: config[slot] for slot in ("attention", "pos", "memory", "exit")}
         encoder, cross = _encoder_of(config, spec, info["task"])
@@ -143,7 +145,7 @@ def build_model(config: Any, info: dict[str, Any]) -> XfamModel | EncoderDecoder
         )
         dec = XfamModel(spec, task="lm", vocab_size=vocab, **slots, cross=cross, partner_layers=enc_spec.layers)
         return EncoderDecoder(enc, dec, tie_embeddings=spec.tie_embeddings)
-    task = "lm" if info["task"] == "seq2seq" else info["task"]  # (a decoder on pairs: the source as a prefix)
+    task: Task = "lm" if info["task"] == "seq2seq" else info["task"]  # (a decoder on pairs: the source as a prefix)
     return XfamModel(
         spec,
         task=task,

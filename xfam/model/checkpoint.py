@@ -166,6 +166,8 @@ def architecture_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, dict[str, Any]]:
     """Rebuild the model of a checkpoint and load its weights; no Lightning or Hydra involved.
 
-    Returns the model (eval mode) and the checkpoint's ``xfam`` metadata (config, data info, ...).
+    Returns the model (eval mode) and the checkpoint's ``xfam`` metadata (config, data info, ...). ``path``: a
+    ``.ckpt`` file, a sharded checkpoint's folder, or a model folder written by ``xfam export``, which is read
+    without pickle (JSON and safetensors; ``xfam.model.exported``) and gives the same model and metadata.
     """
     return load_model_with(path, build_model, device)

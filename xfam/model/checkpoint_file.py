@@ -16,13 +16,13 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from xfam.core.errors import ConfigError
 from xfam.core.logs import log
-from xfam.model import sharded
+from xfam.model import exported, sharded
 
 #: Bump when the config layout changes in a way old checkpoints need translating for.
 CONFIG_VERSION = 1
@@ -41,7 +41,8 @@ def digest(checkpoint: Mapping[str, Any]) -> str:
         if isinstance(x, torch.Tensor):
             t = x.detach().cpu().contiguous().reshape(-1)
             h.update(f"T{t.dtype}{tuple(x.shape)}:".encode())
-            h.update(t.view(torch.uint8).numpy())
+            # (numpy's stubs declare an array a buffer only on Python 3.12+)
+            h.update(t.view(torch.uint8).numpy())  # type: ignore[arg-type]
         elif isinstance(x, Mapping):
             items = [(key, value) for key, value in x.items() if key != DIGEST_KEY]
             h.update(b"{%d" % len(items))
@@ -120,6 +121,13 @@ def verify(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any]:
 def read(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file (CPU) with a clear error when it is not an xfam checkpoint."""
     path = Path(path)
+    if exported.is_exported(path):
+        raise ConfigError(
+            f"{str(path)!r} is an exported model folder (`xfam export`): the model's weights and config, without the "
+            f"training state (optimizer, step, data order) a training checkpoint holds. It evaluates, generates and "
+            f"loads with xfam.load_model; it does not resume or convert. Fix: pass the training checkpoint it was "
+            f"exported from (a .ckpt file or a sharded checkpoint's folder)."
+        )
     if path.is_dir() and not sharded.is_sharded(path):
         raise ConfigError(
             f"checkpoint {str(path)!r} is a folder but not a sharded checkpoint (it has no {sharded.META_FILE}). "
@@ -197,14 +205,26 @@ def short_reason(err: Exception) -> str:
     return f"{type(err).__name__}: {first[:120]}"
 
 
+M = TypeVar("M", bound=torch.nn.Module)
+
+
 def load_model_with(
-    path: str | Path, build: Callable[[dict[str, Any], dict[str, Any]], torch.nn.Module], device: str | torch.device
-) -> tuple[torch.nn.Module, dict[str, Any]]:
+    path: str | Path, build: Callable[[dict[str, Any], dict[str, Any]], M], device: str | torch.device
+) -> tuple[M, dict[str, Any]]:
     """The model of a checkpoint, rebuilt by ``build(config, data_info)`` (``xfam.model.build.build_model``),
-    with its weights, in eval mode on ``device``; and the checkpoint's ``xfam`` metadata."""
-    ckpt = read(path)
-    meta = ckpt["xfam"]
+    with its weights, in eval mode on ``device``; and the checkpoint's ``xfam`` metadata. ``path`` may also be an
+    exported model folder (``xfam export``), read without pickle (``xfam.model.exported``)."""
+    if exported.is_exported(path):
+        meta, state = exported.read_folder(path)
+        if meta["config_version"] > CONFIG_VERSION:
+            raise ConfigError(
+                f"{str(path)!r} was written by a newer xfam (config version {meta['config_version']} > "
+                f"{CONFIG_VERSION}). Fix: upgrade xfam."
+            )
+    else:
+        ckpt = read(path)
+        meta = ckpt["xfam"]
+        state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
     model = build(meta["config"], meta["data_info"])
-    state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
     model.load_state_dict(state)
     return model.to(device).eval(), meta

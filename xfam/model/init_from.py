@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from xfam.core.errors import ConfigError
 from xfam.core.registry import Positive
 from xfam.model.checkpoint_file import read, short_reason, weights
+from xfam.model.exported import WEIGHTS_FILE, is_exported, read_config, read_folder
 from xfam.model.sharded import is_sharded, load_meta
 
 #: Prefix of the output head in ``XfamModel``: a head trained for another task is never loaded.
@@ -161,20 +162,29 @@ class ParamSplit:
 
 
 def init_from(
-    model: nn.Module, path: str | os.PathLike, spec: FinetuneSpec, data_info: Mapping[str, Any] | None = None
+    model: nn.Module, path: str | Path, spec: FinetuneSpec, data_info: Mapping[str, Any] | None = None
 ) -> InitReport:
     """Copy into ``model`` every tensor of the checkpoint at ``path`` whose name and shape match (``spec``: the
     ``finetune`` section); returns the report. A shape change that ``spec`` does not allow is refused with one
     ``ConfigError`` before anything is copied. ``data_info``: this run's data (``xfam.model.build.data_info``),
     to note a tokenizer other than the checkpoint's (its token embeddings then stand for other tokens)."""
-    ckpt = read(path)
-    meta = ckpt["xfam"]
-    state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
+    if is_exported(path):  # an `xfam export` folder: json and safetensors
+        meta, state = read_folder(path)
+        step = int(read_config(path).get("step") or 0)
+    else:
+        ckpt = read(path)
+        meta = ckpt["xfam"]
+        state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
+        step = int(ckpt.get("global_step", 0))
     targets, aliases = _targets(model)
     _check_patterns(spec.interpolate, "finetune.interpolate", list(targets))
     old_task, task = meta.get("data_info", {}).get("task"), getattr(model, "task", None)
     new_head = old_task is not None and task is not None and old_task != task
-    loaded, new, mismatched, refused, plans = [], [], [], [], []
+    loaded: list[Entry] = []
+    new: list[Entry] = []
+    mismatched: list[Entry] = []
+    refused: list[Entry] = []
+    plans: list[tuple[Tensor, Tensor, str]] = []
     for name, tensor in targets.items():
         shape, buffer = tuple(tensor.shape), not isinstance(tensor, nn.Parameter)
         source = state.get(name)
@@ -204,7 +214,6 @@ def init_from(
     ]
     notes = [f"task {old_task} -> {task}: the output head ({HEAD}*) starts afresh"] if new_head else []
     notes += _tokenizer_note(meta.get("data_info", {}), data_info, loaded)
-    step = int(ckpt.get("global_step", 0))
     return InitReport(
         path=str(path), step=step, loaded=loaded, new=new, mismatched=mismatched, dropped=dropped, notes=notes
     )
@@ -281,7 +290,12 @@ def _mismatch_message(path: str, refused: list[Entry], model: nn.Module, meta: M
     fixes = [
         "finetune.allow_mismatch=true to copy the overlapping block of each (the rest keeps its fresh init)",
     ]
-    tables = [e.name for e in refused if e.name.startswith("pos.") and len(e.new or ()) > 1 and e.old[1:] == e.new[1:]]
+    tables = [
+        e.name
+        for e in refused
+        if e.name.startswith("pos.") and e.old is not None and e.new is not None and len(e.new) > 1
+        if e.old[1:] == e.new[1:]
+    ]
     if tables:
         fixes.append(f"finetune.interpolate=[{','.join(tables[:3])}] to resample a position table to its new length")
     fixes.append("a config with the checkpoint's sizes")
@@ -293,7 +307,7 @@ def _mismatch_message(path: str, refused: list[Entry], model: nn.Module, meta: M
 
 def _spec_diff(saved: Mapping[str, Any], spec: Any) -> list[str]:
     """``model.key old -> new`` for the model settings that differ between the checkpoint and ``spec``."""
-    if spec is None or not dataclasses.is_dataclass(spec):
+    if spec is None or not dataclasses.is_dataclass(spec) or isinstance(spec, type):
         return []
     now = dataclasses.asdict(spec)
     return [f"model.{k} {saved[k]!r} -> {now[k]!r}" for k in now if k != "name" and k in saved and saved[k] != now[k]]
@@ -357,7 +371,9 @@ def split_params(model: nn.Module, loaded: Collection[str]) -> tuple[list[nn.Par
     ``loaded`` and the others, in the model's order. Names are compared without the modules that wrappers
     insert (FSDP, activation checkpointing, torch.compile)."""
     loaded = {_WRAPPERS.sub("", n) for n in loaded}
-    old, new, seen = [], [], set()
+    old: list[nn.Parameter] = []
+    new: list[nn.Parameter] = []
+    seen: set[int] = set()
     for name, p in model.named_parameters(remove_duplicate=False):
         if not p.requires_grad or id(p) in seen:
             continue
@@ -391,10 +407,21 @@ def finetune_problems(cfg: Mapping[str, Any]) -> list[str]:
         return problems
     if not isinstance(path, str):
         return problems  # (RunSpec's type check says so)
+    if is_exported(path):
+        try:
+            weights_file = Path(path) / read_config(path)["weights"].get("file", WEIGHTS_FILE)
+        except ConfigError as err:
+            return [*problems, f"init_from={path!r}: {err}"]
+        if not weights_file.is_file():  # (its digest is checked when the weights are read)
+            problems.append(
+                f"init_from={path!r} has no {weights_file.name}, the model's weights. Fix: copy the whole folder "
+                f"again from its source."
+            )
+        return problems
     if not os.path.isfile(path) and not is_sharded(path):
         problems.append(
-            f"init_from={path!r}: no such file (nor a sharded checkpoint's folder). Fix: give the path of an xfam "
-            f"checkpoint (a .ckpt file, or a folder written by trainer=fsdp)."
+            f"init_from={path!r}: no such file (nor a checkpoint's folder). Fix: give the path of an xfam "
+            f"checkpoint (a .ckpt file, a folder written by trainer=fsdp, or one written by xfam export)."
         )
     elif (why := _not_a_checkpoint(path)) is not None:
         problems.append(f"init_from={path!r}: {why}. Fix: give the path of a checkpoint written by xfam.")

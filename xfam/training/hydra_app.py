@@ -12,11 +12,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from xfam.core.errors import ConfigError
+from xfam.training.plugin_options import prepare as prepare_plugins
 from xfam.training.precheck import hydra_args, precheck
 from xfam.training.run_names import register_resolvers
 
@@ -48,7 +49,7 @@ def run_job(cfg: DictConfig) -> Any:
     from xfam.training.lit.nonfinite import NonFiniteError
     from xfam.training.runner import train
 
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     debug = plain.get("debug", False) or os.environ.get("XFAM_DEBUG") == "1"
     if HydraConfig.get().mode == RunMode.MULTIRUN and not debug:
@@ -102,7 +103,8 @@ def _sweep_job(plain: dict[str, Any], run_dir: Path, overrides: list[str]) -> An
         status = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
         log.error("job %s failed:\n%s", run_dir.name, traceback.format_exc())
         FAILED_JOBS.append(run_dir.name)
-    if rank_zero_only.rank == 0:  # (under srun every task of the job runs this; the rank from the environment)
+    # (set by Lightning at import; under srun every task of the job runs this: the rank from the environment)
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "status.json").write_text(json.dumps({**status, "overrides": overrides}, indent=1))
     metric = plain.get("optimized_metric")
@@ -118,6 +120,7 @@ def main(task: Any) -> None:
     args = sys.argv[1:]
     register_resolvers()
     try:
+        prepare_plugins(args)  # third-party components: their Hydra options on the config search path
         flags = hydra_args(args) if "--version" not in args else None
         shows = flags is None or any(  # commands that only show something: Hydra's own checks
             getattr(flags, f) for f in ("help", "hydra_help", "cfg", "info", "shell_completion", "experimental_rerun")

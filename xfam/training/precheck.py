@@ -20,11 +20,12 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from xfam.core.errors import ConfigError, did_you_mean, unknown_choice
+from xfam.training.plugin_options import prepare as prepare_plugins
 from xfam.training.run_names import CONFIG_DIR, register_resolvers
 
 MAX_PRECHECK_JOBS = 256
@@ -56,7 +57,7 @@ def _job_overrides(args: list[str]) -> list[list[str]] | None:
             values = list(ov.sweep_string_iterator())
             choices.append([f"{ov.get_key_element()}={v}" for v in values])
         else:
-            choices.append([ov.input_line])
+            choices.append([str(ov.input_line)])
     jobs = [list(c) for c in itertools.islice(itertools.product(*choices), MAX_PRECHECK_JOBS + 1)]
     return jobs[:MAX_PRECHECK_JOBS]
 
@@ -83,7 +84,7 @@ def hydra_args(args: list[str]) -> Any:
             f"--config-name NAME, --cfg job, ...){where}; everything else is an override, key=value."
         )
 
-    parser.error = error  # type: ignore[method-assign]  # (argparse would print the usage and exit)
+    parser.error = error  # type: ignore[method-assign,assignment]  # (argparse would print the usage and exit)
     return parser.parse_args(args)
 
 
@@ -94,6 +95,7 @@ def _search_path(flags: Any) -> tuple[Any, list[Path]]:
     from hydra.core.config_search_path import SearchPathQuery
 
     config_path = flags.config_path if flags.config_path is not None else "configs"  # train.py's
+    prepare_plugins(flags.overrides)  # (their generated options join every search path Hydra builds)
     search_path = create_automatic_config_search_path(str(CONFIG_DIR.parent / "train.py"), None, config_path)
     if flags.config_dir is not None:
         extra = os.path.abspath(flags.config_dir)
@@ -106,7 +108,7 @@ def _search_path(flags: Any) -> tuple[Any, list[Path]]:
     dirs = [
         Path(e.path.removeprefix("file://"))
         for e in search_path.get_path()
-        if e.provider in ("main", "command-line") and not e.path.startswith("pkg://")
+        if e.provider in ("main", "command-line", "xfam-plugins") and not e.path.startswith("pkg://")
     ]
     if not dirs or not dirs[0].is_dir():
         raise ConfigError(
@@ -173,17 +175,18 @@ def _group_problems(args: list[str], groups: dict[str, list[str]] | None = None)
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     groups = groups if groups is not None else config_groups()
-    problems, kept = [], []
+    problems: list[str] = []
+    kept: list[str] = []
     for ov in OverridesParser.create().parse_overrides(overrides=args):
         group = ov.key_or_group.lstrip("+~")
-        values = []
+        values: list[Any] = []
         if group in groups and not ov.is_interval_sweep():
             values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
         bad = [v for v in values if isinstance(v, str) and v not in groups[group] and v != "null"]
         for v in bad:
             problems.append(unknown_choice(group, v, groups[group], f"pass {group}=<one of the valid choices>."))
         if not bad:
-            kept.append(ov.input_line)
+            kept.append(str(ov.input_line))
     return problems, kept
 
 
@@ -268,7 +271,7 @@ def _compose(compose: Any, config_name: str, job: list[str]) -> tuple[Any, dict[
             unknown.append(key)
             job = [o for o in job if _override_key(o) != key]
             continue
-        plain = OmegaConf.to_container(cfg, resolve=False)
+        plain = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=False))
         return cfg, {key: _key_problem(key, plain) for key in unknown}, []
     return None, {}, []
 
@@ -359,7 +362,10 @@ def _launcher_problems(compose: Any, config_name: str, jobs: list[list[str]]) ->
     for job in jobs:
         try:
             cfg = compose(config_name, overrides=job, return_hydra_config=True)
-            launcher, trainer = OmegaConf.to_container(cfg.hydra.launcher, resolve=True), cfg.trainer
+            launcher, trainer = (
+                cast(dict[str, Any], OmegaConf.to_container(cfg.hydra.launcher, resolve=True)),
+                cfg.trainer,
+            )
         except Exception:  # (composition problems are reported by precheck itself)
             continue
         num_nodes, devices = trainer.get("num_nodes", 1), trainer.get("devices", 1)
@@ -390,7 +396,7 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return OmegaConf.to_container(cfg, resolve=True)
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "a value"
         why = str(err).splitlines()[0] if str(err) else type(err).__name__

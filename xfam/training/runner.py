@@ -22,7 +22,7 @@ import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import yaml
@@ -37,6 +37,9 @@ from xfam.model.build import build_data, check_checkpoint_data, data_info
 from xfam.model.init_from import ParamSplit, freeze, grouped_names, init_from, mark_split
 from xfam.training.allocator import keep_freed_memory
 from xfam.training.resume import FinetuneRecord, check_resume, holds_run, processes, resolve_checkpoint
+
+if TYPE_CHECKING:
+    from xfam.training.lit.module import XfamLitModule
 
 
 def prepared_once() -> FileLock:
@@ -128,7 +131,7 @@ SHAPES = {
 }
 
 
-def describe(rc: RunConfig, module: L.LightningModule, source: Any) -> str:
+def describe(rc: RunConfig, module: XfamLitModule, source: Any) -> str:
     spec, cfg = rc.spec, rc.raw
     n = sum(p.numel() for p in module.model.parameters())
     slots = "  ".join(f"{s}={cfg[s]['name']}" for s in ("attention", "pos", "memory", "exit"))  # (as configured)
@@ -198,8 +201,8 @@ def _train(rc: RunConfig, run_dir: Path, callbacks: list[L.Callback] | None) -> 
         log.info("run directory: %s", run_dir)
         if ckpt is not None:
             max_steps = cfg["trainer"].get("max_steps", -1)
-            done = " (max_steps reached: nothing left to train, evaluating)" if 0 < max_steps <= resumed_at else ""
-            log.info("resuming from %s at step %d%s", ckpt, resumed_at, done)
+            note = " (max_steps reached: nothing left to train, evaluating)" if 0 < max_steps <= resumed_at else ""
+            log.info("resuming from %s at step %d%s", ckpt, resumed_at, note)
         log.info(describe(rc, module, source))
         if isinstance(trainer.strategy, ShardedStrategy):  # (said before launch, once, by this process)
             log.info(sharding_plan(module.model, processes(cfg["trainer"])))
@@ -267,11 +270,15 @@ def finish(trainer: L.Trainer, run_dir: Path, result: dict[str, Any]) -> None:
             wandb.finish()  # a multirun's next job must not reuse this run
     lines = [f"  {k} = {v:.4f}" for k, v in result.items() if isinstance(v, float)]
     log.info("finished at step %d:\n%s", result["step"], "\n".join(lines))
+    from xfam.training.lit.callbacks import LossCurve
+
     ckpts = run_dir / "checkpoints"
+    # (``callbacks`` is set on the Trainer by Lightning's callback connector, and not declared)
+    curves = [cb.path for cb in trainer.callbacks if isinstance(cb, LossCurve) and cb.written]  # type: ignore[attr-defined]
     log.info(
-        "outputs in %s:\n  checkpoints: %s (last.ckpt, best.ckpt, step-*.ckpt)\n  metrics: %s, logs/\n  loss curve: %s",
+        "outputs in %s:\n  checkpoints: %s (last.ckpt, best.ckpt, step-*.ckpt)\n  metrics: %s, logs/%s",
         run_dir,
         ckpts,
         run_dir / "metrics.json",
-        run_dir / "loss_curve.png",
+        "".join(f"\n  loss curve: {path}" for path in curves),
     )

@@ -95,6 +95,7 @@ class LossCurve(L.Callback):
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.written = False  # whether this run wrote the plot (the end-of-run summary names it only then)
         self.train: list[tuple[int, float]] = []
         self.val: list[tuple[int, float]] = []
 
@@ -120,6 +121,7 @@ class LossCurve(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if self.train:
             plot_losses(self.train, self.val, self.path)
+            self.written = True
 
 
 def plot_losses(train: list[tuple[int, float]], val: list[tuple[int, float]], path: Path) -> None:
@@ -162,7 +164,8 @@ class MatmulPrecision(L.Callback):
     }
 
     def __init__(self, precision: str) -> None:
-        self.precision, self.before = precision, None
+        self.precision = precision
+        self.before: str | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.before is None:  # each stage (fit, validate, test) sets it here and restores it at its teardown
