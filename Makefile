@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-all train lint format bench compile-kernels gpu-wheels clean
+.PHONY: help setup test test-slow test-all train lint docs generated format bench compile-kernels gpu-wheels clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -38,9 +38,18 @@ test-all: test test-slow  ## everything
 train: setup  ## the main job: tiny decoder on the embedded corpus (a few minutes), continued if already started
 	OMP_NUM_THREADS=2 $(BIN)/python train.py ckpt_path=auto
 
-lint: setup  ## ruff
+lint: setup  ## ruff (lint and format) and mypy over xfam/ (.pre-commit-config.yaml runs the same)
 	$(BIN)/ruff check xfam kernels tests scripts train.py
 	$(BIN)/ruff format --check xfam kernels tests scripts train.py
+	$(BIN)/mypy
+
+docs: setup  ## build the documentation site into site/ (warnings are errors) and check links
+	$(BIN)/python scripts/generate_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	$(BIN)/python scripts/check_links.py
+
+generated: setup  ## regenerate every generated section (README, docs/reference, docs/blocks.md)
+	$(BIN)/python scripts/generate_docs.py
 
 format: setup  ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix xfam kernels tests scripts train.py

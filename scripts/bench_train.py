@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,9 @@ from benchlib.common import BATCH, NOTES_MARKER, POS, ROOT, SEQ, SYSTEMS
 from benchlib.protocol import add_protocol_options
 from benchlib.report import RATIOS, ratios, render_md, render_png, summarize
 from benchlib.workers import worker
+
+#: A hand-written overview right under the page's title, kept (like the notes) when the report is rewritten.
+OVERVIEW = re.compile(r"<!-- overview:start -->.*?<!-- overview:end -->", re.S)
 
 
 def spawn(system: str, pos: str, args: argparse.Namespace, warmup: int, steps: int) -> dict[str, Any]:
@@ -161,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
         text = render_md(data, summary, png, args.md)
         if args.md.exists() and NOTES_MARKER in args.md.read_text():  # keep hand-written notes
             text += "\n" + NOTES_MARKER + args.md.read_text().split(NOTES_MARKER, 1)[1]
+        if args.md.exists() and (overview := OVERVIEW.search(args.md.read_text())):  # and the overview under the title
+            title, rest = text.split("\n", 1)
+            text = f"{title}\n\n{overview.group(0)}\n{rest}"
         args.md.write_text(text)
         print(f"wrote {args.md} and {png}")
     for pos in data["meta"]["pos"]:

@@ -1,6 +1,6 @@
-"""The attention and length-extrapolation experiment sweeps (scripts/experiments.yaml, configs/experiment/lra_listops.yaml,
-lsh_copy.yaml and extrapolation.yaml) compose and validate for every run, and the driver
-(scripts/run_experiments.py) trains, evaluates and collects results on tiny runs."""
+"""The attention and length-extrapolation experiment sweeps (scripts/experiments.yaml,
+configs/experiment/lra_listops.yaml, lsh_copy.yaml and extrapolation.yaml) compose and validate for every run,
+and the driver (scripts/run_experiments.py) trains, evaluates and collects results on tiny runs."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ def test_a_sweep_records_a_job_whose_component_lacks_a_key_as_skipped(corpus: Pa
 
 
 def test_the_readmes_own_experiment_example_is_valid(tmp_path: Path) -> None:
-    text = (CONFIG_DIR.parent / "README.md").read_text()
+    text = (CONFIG_DIR.parent / "docs" / "configs.md").read_text()
     section = text[text.index("**Your own configs**") :]
     yaml_text = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     command = shlex.split(re.search(r"```bash\n(.*?)\n```", section, re.S).group(1))
