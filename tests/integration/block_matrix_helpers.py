@@ -32,6 +32,7 @@ from xfam.model import block_compat
 from xfam.model.block import Block
 from xfam.model.transformer import XfamModel
 from xfam.pos import POS
+from xfam.testing.doubles import assert_gradients
 
 SEQ = 16
 VOCAB, CLASSES = 13, 3
@@ -137,17 +138,6 @@ def loss_of(out: Any, targets: torch.Tensor) -> torch.Tensor:
         loss = loss + value
     assert torch.isfinite(loss), "non-finite loss"
     return loss
-
-
-def assert_gradients(model: XfamModel) -> None:
-    """Every trainable parameter gets a finite gradient. A mechanism's own parameters may be idle in its
-    degenerate limit (one bucket leaves nothing to route): those need only be finite where they have one."""
-    owned = {id(p) for block in model.blocks for p in block.attn.mechanism.parameters()}
-    for name, p in model.named_parameters():
-        if not p.requires_grad or (id(p) in owned and p.grad is None):
-            continue
-        assert p.grad is not None, f"{name} gets no gradient"
-        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
 
 
 def train_step(run: RunConfig) -> XfamModel:

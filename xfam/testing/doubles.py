@@ -146,6 +146,19 @@ def assert_decode_equals_full(
     assert torch.allclose(cached[real], full[real], atol=1e-5), (key_padding is None, step)
 
 
+def assert_gradients(model: XfamModel, nonzero: bool = False) -> None:
+    """After a backward: every trainable parameter has a finite gradient (``nonzero``: not all zero either). A
+    mechanism's own parameters may be idle in its degenerate limit (one bucket leaves nothing to route, a span
+    covering the sequence has a flat mask): those need only be finite where they have one."""
+    owned = {id(p) for block in model.blocks for p in block.attn.mechanism.parameters()}
+    for name, p in model.named_parameters():
+        if not p.requires_grad or (id(p) in owned and p.grad is None):
+            continue
+        assert p.grad is not None, f"{name} gets no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+        assert not nonzero or id(p) in owned or p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
 def own_components(registry: Registry) -> list[str]:
     """Names of the components xfam itself defines (its module starts with ``xfam.``): no test double, no plugin."""
     return [name for name, cls in registry.items() if cls.__module__.startswith("xfam.")]
