@@ -81,7 +81,9 @@ def test_the_machine_check(gpus) -> None:
     with pytest.raises(ConfigError, match="trainer.accelerator='gpu' .* needs a GPU.*Fix: on CPU use trainer=cpu"):
         precheck(["trainer=gpu"])
     check_machine(compose_cfg(["trainer=ddp_cpu"]))
-    precheck(["-m", "hydra/launcher=slurm", "trainer=fsdp"])  # the jobs run on the cluster's GPU nodes
+    with pytest.MonkeyPatch.context() as mp:  # on a login node (srun there), the jobs run on the cluster's GPU nodes
+        mp.setattr("xfam.training.precheck.shutil.which", lambda name: f"/usr/bin/{name}")
+        precheck(["-m", "hydra/launcher=slurm", "trainer=fsdp"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine could run trainer=fsdp")

@@ -470,10 +470,14 @@ def test_slurm_nodes_follow_lightnings_num_nodes(tmp_path: Path, monkeypatch: py
     assert "#SBATCH --nodes=2" in sbatch_script(cfg, monkeypatch)[0]
 
 
-def test_a_launcher_asking_for_other_nodes_than_the_trainer_is_refused_before_submission() -> None:
+def test_a_launcher_asking_for_other_nodes_than_the_trainer_is_refused_before_submission(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Lightning's SLURMEnvironment would refuse the mismatch only on the nodes, after the queue."""
     from xfam.core.errors import ConfigError
     from xfam.training.precheck import precheck
+
+    monkeypatch.setattr("xfam.training.precheck.shutil.which", lambda name: f"/usr/bin/{name}")  # a login node
 
     with pytest.raises(ConfigError, match=r"hydra.launcher.nodes=2 but trainer.num_nodes=1.*Fix: trainer.num_nodes=2"):
         precheck(["-m", *SUBMISSION])  # hydra.launcher.nodes=2, trainer.num_nodes=1
@@ -482,3 +486,14 @@ def test_a_launcher_asking_for_other_nodes_than_the_trainer_is_refused_before_su
     with pytest.raises(ConfigError, match="a sweep over trainer.num_nodes"):
         precheck(["-m", "hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=1,2"])
     precheck(["-m", "hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=2", "hydra.launcher.gpus_per_node=4"])
+
+
+def test_slurm_from_a_machine_without_slurm_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit would stop in a traceback ('Could not detect "srun"') after Hydra made the sweep's folder."""
+    from xfam.core.errors import ConfigError
+    from xfam.training.precheck import precheck
+
+    monkeypatch.setattr("xfam.training.precheck.shutil.which", lambda name: None)
+    with pytest.raises(ConfigError) as err:
+        precheck(["-m", "hydra/launcher=slurm", "trainer=ddp", "pos=rope,alibi"])
+    assert len(err.value.problems) == 1 and "no srun on PATH" in str(err.value) and "login node" in str(err.value)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -368,6 +369,12 @@ def _launcher_problems(compose: Any, config_name: str, jobs: list[list[str]]) ->
             )
         except Exception:  # (composition problems are reported by precheck itself)
             continue
+        if str(launcher.get("_target_", "")).endswith("SlurmLauncher") and shutil.which("srun") is None:
+            problems.append(  # (submitit's own check says only 'Could not detect "srun"', in a traceback)
+                "hydra/launcher=slurm submits the jobs to SLURM, and this machine has no SLURM client (no srun on "
+                "PATH). Fix: run the command on the cluster's login node, or drop hydra/launcher=slurm to run the "
+                "jobs on this machine."
+            )
         num_nodes, devices = trainer.get("num_nodes", 1), trainer.get("devices", 1)
         nodes_of_jobs.add(num_nodes)
         if (nodes := launcher.get("nodes")) is not None and nodes != num_nodes:
