@@ -25,8 +25,9 @@ def md_escape(text: str) -> str:
 
 
 def paragraph(text: str) -> str:
-    """A docstring paragraph as Markdown: an indented one is a code block, shown as written."""
-    return text if text.startswith("    ") else md_escape(text)
+    """A docstring paragraph as Markdown: an indented one is a code block, shown as written but for RST's code
+    quotes (``ramp`` reads as ramp there: the block is code already)."""
+    return text.replace("``", "") if text.startswith("    ") else md_escape(text)
 
 
 def cell(text: str) -> str:
