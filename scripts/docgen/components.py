@@ -22,7 +22,7 @@ from docgen.text import (
     summary,
     type_text,
 )
-from xfam.cli.listing import capabilities
+from xfam.cli.listing import capabilities, short_capabilities
 from xfam.config import SLOTS
 from xfam.core.registry import STRUCTURAL, Registry, defaults_of, signature_params
 from xfam.data.base import DATA
@@ -67,17 +67,6 @@ def capability_values(slot: str, cls: type) -> dict[str, Any]:
     return {c: getattr(cls, c) for c in capabilities(REGISTRIES[slot])}
 
 
-def short_capabilities(slot: str, cls: type) -> str:
-    """The flags that are on and the values that are not flags (as the README's table showed them)."""
-    out = []
-    for name, value in capability_values(slot, cls).items():
-        if value is True:
-            out.append(name)
-        elif value not in (False, None, ()) and not isinstance(value, bool):
-            out.append(f"{name}={fmt(value)}")
-    return ", ".join(out) or "—"
-
-
 # -- the index and the README --------------------------------------------------------------------------------
 
 
@@ -103,9 +92,8 @@ def index_page() -> str:
             params = ", ".join(f"`{k}={fmt(v)}`" for k, v in defaults_of(cls).items()) or "—"
             paper = cell(getattr(cls, "paper", "") or "—")
             link = f"[`{name}`]({page}.md#{anchor(name)})"
-            lines.append(
-                f"| {link} | {cell(summary(cls))} | {paper} | {params} | {cell(short_capabilities(slot, cls))} |"
-            )
+            caps = cell(short_capabilities(cls, REGISTRIES[slot]))
+            lines.append(f"| {link} | {cell(summary(cls))} | {paper} | {params} | {caps} |")
         lines.append("")
     return "\n".join(lines)
 

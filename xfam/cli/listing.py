@@ -122,7 +122,7 @@ def block_markdown() -> str:
     return "\n".join(out)
 
 
-def _caps_short(cls: type, registry: Registry) -> str:
+def short_capabilities(cls: type, registry: Registry) -> str:
     """Capabilities in a few words: the flags that are on, and the values that are not flags."""
     out = []
     for c in capabilities(registry):
@@ -142,7 +142,7 @@ def markdown_table() -> str:
             continue
         params = ", ".join(f"`{k}={_fmt(v)}`" for k, v in defaults_of(cls).items()) or "—"
         text = summary(cls).replace("``", "`").replace("|", "\\|")
-        out.append(f"| {slot} | `{name}` | {text} | {params} | {_caps_short(cls, reg)} |")
+        out.append(f"| {slot} | `{name}` | {text} | {params} | {short_capabilities(cls, reg)} |")
     return "\n".join(out)
 
 

@@ -152,11 +152,7 @@ def read(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"{str(path)!r} is not an xfam checkpoint (no 'xfam' metadata). Fix: pass a file written by xfam."
         )
-    if ckpt["xfam"]["config_version"] > CONFIG_VERSION:
-        raise ConfigError(
-            f"{str(path)!r} was written by a newer xfam (config version {ckpt['xfam']['config_version']} > "
-            f"{CONFIG_VERSION}). Fix: upgrade xfam."
-        )
+    check_config_version(ckpt["xfam"], path)
     ckpt = verify(ckpt, path)
     if path.is_dir():
         problem = _checked_shards(path, ckpt.pop(sharded.SHARDS_KEY, {}))
@@ -194,6 +190,31 @@ def weights(path: str | Path, ckpt: dict[str, Any]) -> dict[str, Any]:
     return sharded.full_state(path, {"state_dict"})["state_dict"]
 
 
+def model_weights(path: str | Path, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The model's ``state_dict`` in a checkpoint: the LightningModule's ``model.*`` weights without that prefix."""
+    return {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
+
+
+def model_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The ``xfam`` metadata, the model's ``state_dict`` and the training step of a checkpoint (a file or a sharded
+    folder) or of an exported model folder (``xfam export``, read without pickle: ``xfam.model.exported``)."""
+    if exported.is_exported(path):
+        meta, state = exported.read_folder(path)
+        check_config_version(meta, path)
+        return meta, state, int(exported.read_config(path).get("step") or 0)
+    ckpt = read(path)
+    return ckpt["xfam"], model_weights(path, ckpt), int(ckpt.get("global_step", 0))
+
+
+def check_config_version(meta: dict[str, Any], path: str | Path) -> None:
+    """Refuse metadata that a newer xfam wrote (its config may mean something this version does not know)."""
+    if meta["config_version"] > CONFIG_VERSION:
+        raise ConfigError(
+            f"{str(path)!r} was written by a newer xfam (config version {meta['config_version']} > "
+            f"{CONFIG_VERSION}). Fix: upgrade xfam."
+        )
+
+
 def short_reason(err: Exception) -> str:
     """The gist of a load error. PyTorch's own text advises loading with ``weights_only=False``: for a
     hostile file that runs its code, so that advice is never repeated."""
@@ -214,17 +235,7 @@ def load_model_with(
     """The model of a checkpoint, rebuilt by ``build(config, data_info)`` (``xfam.model.build.build_model``),
     with its weights, in eval mode on ``device``; and the checkpoint's ``xfam`` metadata. ``path`` may also be an
     exported model folder (``xfam export``), read without pickle (``xfam.model.exported``)."""
-    if exported.is_exported(path):
-        meta, state = exported.read_folder(path)
-        if meta["config_version"] > CONFIG_VERSION:
-            raise ConfigError(
-                f"{str(path)!r} was written by a newer xfam (config version {meta['config_version']} > "
-                f"{CONFIG_VERSION}). Fix: upgrade xfam."
-            )
-    else:
-        ckpt = read(path)
-        meta = ckpt["xfam"]
-        state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
+    meta, state, _ = model_state(path)
     model = build(meta["config"], meta["data_info"])
     model.load_state_dict(state)
     return model.to(device).eval(), meta

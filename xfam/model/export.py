@@ -24,7 +24,7 @@ from xfam.core.errors import ConfigError
 from xfam.model import exported
 from xfam.model.build import build_model
 from xfam.model.checkpoint import disk_errors
-from xfam.model.checkpoint_file import read, weights
+from xfam.model.checkpoint_file import model_weights, read
 from xfam.model.model_card import model_card
 
 
@@ -38,9 +38,7 @@ def export(ckpt: str | Path, out: str | Path, *, force: bool = False) -> dict[st
     saved = read(src)  # one ConfigError for a file that cannot be read, with its digests checked
     meta = saved["xfam"]
     model = build_model(meta["config"], meta["data_info"])
-    model.load_state_dict(
-        {k.removeprefix("model."): v for k, v in weights(src, saved).items() if k.startswith("model.")}
-    )
+    model.load_state_dict(model_weights(src, saved))
     model.eval()
     state = model.state_dict()
     tensors, aliases = stored_tensors(state)

@@ -50,8 +50,8 @@ from torch import Tensor, nn
 
 from xfam.core.errors import ConfigError
 from xfam.core.registry import Positive
-from xfam.model.checkpoint_file import read, short_reason, weights
-from xfam.model.exported import WEIGHTS_FILE, is_exported, read_config, read_folder
+from xfam.model.checkpoint_file import model_state, short_reason
+from xfam.model.exported import WEIGHTS_FILE, is_exported, read_config
 from xfam.model.sharded import is_sharded, load_meta
 
 #: Prefix of the output head in ``XfamModel``: a head trained for another task is never loaded.
@@ -168,14 +168,7 @@ def init_from(
     ``finetune`` section); returns the report. A shape change that ``spec`` does not allow is refused with one
     ``ConfigError`` before anything is copied. ``data_info``: this run's data (``xfam.model.build.data_info``),
     to note a tokenizer other than the checkpoint's (its token embeddings then stand for other tokens)."""
-    if is_exported(path):  # an `xfam export` folder: json and safetensors
-        meta, state = read_folder(path)
-        step = int(read_config(path).get("step") or 0)
-    else:
-        ckpt = read(path)
-        meta = ckpt["xfam"]
-        state = {k.removeprefix("model."): v for k, v in weights(path, ckpt).items() if k.startswith("model.")}
-        step = int(ckpt.get("global_step", 0))
+    meta, state, step = model_state(path)  # (a checkpoint, or an `xfam export` folder)
     targets, aliases = _targets(model)
     _check_patterns(spec.interpolate, "finetune.interpolate", list(targets))
     old_task, task = meta.get("data_info", {}).get("task"), getattr(model, "task", None)
