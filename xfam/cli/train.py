@@ -1,5 +1,5 @@
 """``xfam train``: the job of the repository's ``train.py``, from any directory, with the configs that ship in
-the package (``xfam.training.run_names.CONFIG_DIR``).
+the package (``xfam.core.config_dir.CONFIG_DIR``).
 
 The words after ``train`` are Hydra's: overrides (``attention=performer pos=alibi``), ``-m`` for a sweep,
 ``--config-dir DIR`` for a folder of the user's own configs, ``--help``/``--hydra-help``, ``--cfg job``. Runs go
@@ -18,8 +18,8 @@ def run(args: Args) -> None:
     import hydra
     from omegaconf import DictConfig
 
+    from xfam.core.config_dir import CONFIG_DIR
     from xfam.training.hydra_app import main, run_job
-    from xfam.training.run_names import CONFIG_DIR
 
     program, words = sys.argv[0], list(args.words)
 

@@ -3,7 +3,7 @@
 They live in the repository's top-level ``configs/`` folder (train.yaml and one folder per config group);
 a wheel ships them inside the package as ``xfam/configs/`` (pyproject.toml maps the folder, as it maps
 ``kernels/``), so ``xfam train`` works from any directory of an installed xfam. In a source checkout this
-module points the package at the top-level folder instead. ``xfam.training.run_names.CONFIG_DIR`` is the
+module points the package at the top-level folder instead. ``xfam.core.config_dir.CONFIG_DIR`` is the
 folder in either case.
 """
 

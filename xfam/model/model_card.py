@@ -25,17 +25,11 @@ import yaml
 
 import xfam
 from xfam.config.slots import SLOTS
+from xfam.core.config_dir import CONFIG_DIR
 from xfam.core.registry import Registry
 from xfam.data.base import DATA
 from xfam.model.block_compat import OPTIONS
 from xfam.model.spec import ModelSpec
-
-#: The folder of train.py's config groups: shipped inside the package, or at the top of a source checkout (when
-#: neither is found, every key of a section is written out).
-_PACKAGE = Path(xfam.__file__).resolve().parent
-CONFIG_DIR = next(
-    (d for d in (_PACKAGE / "configs", _PACKAGE.parent / "configs") if (d / "train.yaml").is_file()), None
-)
 
 
 def model_card(model: torch.nn.Module, meta: dict[str, Any], config: dict[str, Any], ckpt: Path, title: str) -> str:
@@ -294,9 +288,8 @@ def reconstructed_overrides(cfg: dict[str, Any]) -> list[str]:
 
 
 def _config_file(*parts: str) -> dict[str, Any]:
-    """A file of ``configs/`` as a dict; empty when there is no such file (or no configs folder)."""
-    if CONFIG_DIR is None:
-        return {}
+    """A file of ``configs/`` as a dict; empty when there is no such file (every key of a section is then written
+    out)."""
     try:
         found = yaml.safe_load(CONFIG_DIR.joinpath(*parts).read_text())
     except (OSError, yaml.YAMLError):

@@ -1,5 +1,5 @@
 """A component's YAML equals its signature: ``configs/<slot>/<name>.yaml`` in xfam's config folder
-(``xfam.training.run_names.CONFIG_DIR``) holds ``name`` and every user-settable parameter with the constructor's
+(``xfam.core.config_dir.CONFIG_DIR``) holds ``name`` and every user-settable parameter with the constructor's
 default, in the signature's order, since the signature is the one place defaults live. A component without a YAML
 there (a plugin's) is skipped: xfam generates its Hydra option from the signature, so there is nothing to keep equal."""
 
@@ -18,7 +18,7 @@ def yaml_cases(comps) -> list:
 
 @each(("slot", "name"), yaml_cases)
 def test_yaml_equals_signature_defaults(slot, name):
-    from xfam.training.run_names import CONFIG_DIR
+    from xfam.core.config_dir import CONFIG_DIR
 
     path = CONFIG_DIR / slot / f"{name}.yaml"
     if not path.exists():

@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
+from xfam.core.config_dir import CONFIG_DIR
 from xfam.core.plugins import KEY, load
 from xfam.core.registry import defaults_of
-from xfam.training.run_names import CONFIG_DIR
 
 log = logging.getLogger("xfam")
 

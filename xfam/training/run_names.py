@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
-
-def _config_dir() -> Path:
-    """The configs' folder: inside the package in an installed wheel (``xfam/configs``, pyproject.toml maps the
-    top-level ``configs/`` there), else the source checkout's top-level ``configs/``."""
-    package = Path(__file__).resolve().parents[1]
-    shipped = package / "configs"
-    return shipped if (shipped / "train.yaml").is_file() else package.parent / "configs"
-
-
-#: Where train.yaml and the config groups are (``xfam.configs`` as a folder).
-CONFIG_DIR = _config_dir()
+from xfam.core.config_dir import CONFIG_DIR  # noqa: F401  (where train.py's config groups are; re-exported here)
 
 
 def dirname(overrides: str) -> str:
