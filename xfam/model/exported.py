@@ -54,11 +54,9 @@ def is_exported(path: str | Path) -> bool:
 
 def file_sha256(path: Path) -> str:
     """SHA-256 of a file's bytes (what ``sha256sum`` prints and the Hugging Face Hub shows for a large file)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return h.hexdigest()
+    from xfam.model.sharded import file_digest  # (imports torch: only once a folder is read)
+
+    return file_digest(path, hashlib.sha256())
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
