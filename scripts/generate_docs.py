@@ -85,7 +85,7 @@ def builtin_only() -> Iterator[None]:
 
     saved = {slot: registry._classes for slot, registry in REGISTRIES.items()}
     for registry in REGISTRIES.values():
-        registry._classes = {n: c for n, c in registry._classes.items() if c.__module__.startswith("xfam.")}
+        registry._classes = dict(registry.builtin())
     try:
         yield
     finally:

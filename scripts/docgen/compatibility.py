@@ -15,7 +15,6 @@ from typing import Any
 
 from xfam.cli.listing import _fmt
 from xfam.config import SLOTS
-from xfam.core import plugins
 from xfam.core.registry import defaults_of
 from xfam.data.base import DATA
 from xfam.model import block_compat, compat
@@ -35,8 +34,7 @@ MODEL_OPTIONS: dict[str, dict[str, Any]] = {
 
 def builtin(slot: str) -> list[tuple[str, type]]:
     """xfam's own components of a slot or of ``data`` (a test's or a plugin's are not documented here)."""
-    registry = DATA if slot == "data" else SLOTS[slot]
-    return [(n, c) for n, c in registry.items() if plugins.origin(c) is None]
+    return (DATA if slot == "data" else SLOTS[slot]).builtin()
 
 
 def _params(cls: type) -> dict[str, Any]:

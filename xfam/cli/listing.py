@@ -138,7 +138,7 @@ def markdown_table() -> str:
     """The slot table in markdown (``xfam list --markdown``): xfam's own components."""
     out = ["| slot | component | method | parameters (defaults) | capabilities |", "|---|---|---|---|---|"]
     for slot, name, cls, reg in _rows():
-        if not cls.__module__.startswith("xfam."):
+        if not plugins.is_builtin(cls):
             continue
         params = ", ".join(f"`{k}={_fmt(v)}`" for k, v in defaults_of(cls).items()) or "—"
         text = summary(cls).replace("``", "`").replace("|", "\\|")

@@ -127,11 +127,16 @@ def load(modules: object = ()) -> None:
         raise ConfigError(problems)
 
 
+def is_builtin(cls: type) -> bool:
+    """Whether a component is xfam's own (defined in the xfam package), not a plugin's or a test double's."""
+    return cls.__module__ == "xfam" or cls.__module__.startswith("xfam.")
+
+
 def origin(cls: type) -> str | None:
     """Who provides a component: None for xfam's own, else its distribution (or module) name."""
-    module = cls.__module__
-    if module == "xfam" or module.startswith("xfam."):
+    if is_builtin(cls):
         return None
+    module = cls.__module__
     top = module.split(".")[0]
     dists = importlib.metadata.packages_distributions().get(top)
     return dists[0] if dists else module

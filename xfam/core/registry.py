@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 from xfam.core.errors import ConfigError, close_matches, unknown_choice
-from xfam.core.plugins import DuplicateComponent
+from xfam.core.plugins import DuplicateComponent, is_builtin
 
 T = TypeVar("T", bound="Component")
 
@@ -231,6 +231,10 @@ class Registry(Generic[T]):
 
     def items(self) -> Iterator[tuple[str, type[T]]]:
         return iter(sorted(self._classes.items()))
+
+    def builtin(self) -> list[tuple[str, type[T]]]:
+        """xfam's own components, by name: no plugin's, no test double's (``xfam.core.plugins.is_builtin``)."""
+        return [(name, cls) for name, cls in self.items() if is_builtin(cls)]
 
     def __contains__(self, name: object) -> bool:
         return name in self._classes

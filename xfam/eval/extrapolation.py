@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xfam.core import plugins
 from xfam.core.errors import ConfigError
 
 Protocol = Literal["nonoverlapping", "sliding"]
@@ -83,7 +84,7 @@ def length_problem(model: nn.Module, length: int, setting: str | None = None) ->
         return None
     from xfam.pos import POS
 
-    tableless = [n for n, c in POS.items() if not c.bounded and c.relative and c.__module__.startswith("xfam.")]
+    tableless = [n for n, c in POS.items() if not c.bounded and c.relative and plugins.is_builtin(c)]
     memory = ", or a longer mem_len (a memory model's context beyond a segment is its memory)"
     setting = setting or f"evaluation length {length}"
     return (

@@ -288,7 +288,6 @@ def block_matrix() -> dict[str, dict[str, list[str]]]:
     ``{column: refusals (empty where it combines)}`` over the attention mechanisms (at their defaults, causal
     where they can be), ``memory`` (memory=xl), each exit policy but none, and ``reversible``: xfam's own
     components (not ones registered by a user's or a test's module)."""
-    own = lambda registry: [(n, c) for n, c in registry.items() if c.__module__.startswith("xfam.")]  # noqa: E731
     none_exit = (EXIT.get("none"), {"name": "none"})
     no_memory = [(MEMORY.get("none"), {"name": "none"})]
     xl = [(MEMORY.get("xl"), {"name": "xl"})]
@@ -301,9 +300,9 @@ def block_matrix() -> dict[str, dict[str, list[str]]]:
     table = {}
     for row, option in block_compat.OPTIONS.items():
         spec = dataclasses.replace(ModelSpec(layers=4), **option.override)
-        cells = {name: block_compat.reasons(spec, sel(cls)) for name, cls in own(ATTENTION)}
+        cells = {name: block_compat.reasons(spec, sel(cls)) for name, cls in ATTENTION.builtin()}
         cells["memory"] = block_compat.reasons(spec, sel(memory=xl))
-        for name, cls in own(EXIT):
+        for name, cls in EXIT.builtin():
             if name != "none":
                 cells[f"exit={name}"] = block_compat.reasons(spec, sel(exit=(cls, {"name": name})))
         rev = dataclasses.replace(spec, reversible=True)
