@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 from xfam.core.config_dir import CONFIG_DIR
 from xfam.core.plugins import KEY, load
@@ -98,8 +101,6 @@ _FOLDER: list[Path] = []
 def prepare(args: list[str]) -> Path | None:
     """Load the plugins of the environment and of ``args``' ``+plugins=[...]`` (ConfigError on a failure), write
     their options (``option_dir``) and put the folder on Hydra's search path from now on; the folder."""
-    from hydra.core.plugins import Plugins
-
     load(plugin_modules(args))
     folder = option_dir()
     _FOLDER[:] = [folder] if folder else []
@@ -107,19 +108,10 @@ def prepare(args: list[str]) -> Path | None:
     return folder
 
 
-def _search_path_plugin() -> type:
-    from hydra.core.config_search_path import ConfigSearchPath
-    from hydra.plugins.search_path_plugin import SearchPathPlugin
+class SearchPath(SearchPathPlugin):
+    """Hydra's hook for extra config folders: every search path Hydra builds in this process (the run's,
+    ``--help``'s, the pre-launch check's) gets the generated options, after the user's own folders."""
 
-    class SearchPath(SearchPathPlugin):
-        """Hydra's hook for extra config folders: every search path Hydra builds in this process (the run's,
-        ``--help``'s, the pre-launch check's) gets the generated options, after the user's own folders."""
-
-        def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-            for folder in _FOLDER:
-                search_path.append(provider="xfam-plugins", path=f"file://{folder}")
-
-    return SearchPath
-
-
-SearchPath = _search_path_plugin()
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        for folder in _FOLDER:
+            search_path.append(provider="xfam-plugins", path=f"file://{folder}")
