@@ -125,5 +125,23 @@ class AttentionMechanism(nn.Module, Component):
         values = torch.cat((vp, v), dim=2) if p else v
         return self(q, keys, values, mask, bias, modifier), {"k": k, "v": v}
 
+    # -- fixed-shape decoding (``xfam.attention._static``, ``xfam.model.static_cache``) ------------------
+    def static_problem(self) -> str | None:
+        """Why this mechanism has no fixed-shape decode step (None: it has one, ``static_state`` and
+        ``decode_step``). The default: it has none."""
+        return f"attention={self.registry_name} keeps no fixed-shape decode state"
+
+    def static_state(self, prefix: DecodeState, capacity: int) -> DecodeState | None:
+        """The fixed-shape state of ``decode_step``, preallocated for ``capacity`` tokens in all and holding
+        ``prefix``, the state an eager ``decode`` call left (the prompt's); None when this prefix cannot
+        continue in fixed shape (the caller then decodes eagerly from ``prefix``)."""
+        return None
+
+    def decode_step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None):
+        """One new token at position ``pos`` (a 0-dim long tensor): ``q [B, H, 1, Dh]``, ``k, v [B, Hkv, 1, Dh]``;
+        updates ``state`` (from ``static_state``) in place and returns ``[B, H, 1, Dh]``. No mask, padding,
+        persistent keys or score modifier reach it (the static cache refuses models that need them)."""
+        raise NotImplementedError(self.static_problem())
+
 
 ATTENTION: Registry[AttentionMechanism] = Registry("attention", AttentionMechanism)

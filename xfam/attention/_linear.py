@@ -205,6 +205,29 @@ class KernelAttention(AttentionMechanism):
         num, den, state = causal_sums(fq, fk, v, ls, ld, keep, doc, doc0, state, self.chunk)
         return finish(num, den, v), state
 
+    # -- fixed-shape decoding: the running sums are fixed-shape already --------------------------------
+    def static_problem(self) -> str | None:
+        if self.features == "exact":
+            return f"attention={self.registry_name} features=exact decodes with a key/value cache (quadratic path)"
+        return None
+
+    def static_state(self, prefix: DecodeState, capacity: int) -> DecodeState | None:
+        """The prompt's running sums ``{s [B, H, m, Dh], z [B, H, m], m [B, H]}``, copied (None: the prompt was
+        decoded with a key/value cache, for a window or a bias that is not a distance decay)."""
+        return None if "s" not in prefix else {key: t.clone() for key, t in prefix.items()}
+
+    def decode_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None
+    ) -> Tensor:
+        """The recurrence of ``decode`` for one key: S_t = a_t S_{t-1} + phi(k_t) v_t^T, sums updated in place."""
+        fq, fk, ls, ld = self._features(q, k)
+        ld = self._bias_decay(ld, bias, fq)
+        v = expand_kv(v, q.shape[1])
+        num, den, new = causal_sums(fq, fk, v, ls, ld, None, None, None, state, self.chunk)
+        for key, t in new.items():
+            state[key].copy_(t)
+        return finish(num, den, v)
+
     # -- validation -------------------------------------------------------------------------------
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:

@@ -12,9 +12,12 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
+from xfam.attention import _static as static
 from xfam.attention._base import ATTENTION
 from xfam.attention._sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
+from xfam.core.bias import ScoreBias
 from xfam.core.registry import NonNegative, Positive, Probability
+from xfam.core.state import DecodeState
 
 
 class WindowPattern(SparsePattern):
@@ -89,6 +92,20 @@ class Local(SparseMechanism):
         else:
             pattern = BlockLocalPattern(query_block, memory, block or auto_block(query_block + memory))
         super().__init__(pattern=pattern, backend=backend, dropout=dropout)
+        # a causal query's keys lie fewer than this many positions back: the rolling window of decoding
+        self.lookback = window if mode == "window" else query_block + memory
+
+    def static_problem(self) -> str | None:
+        return None
+
+    def static_state(self, prefix: DecodeState, capacity: int) -> DecodeState:
+        """A rolling window of the last ``lookback`` keys and values (``xfam.attention._static.ring_state``)."""
+        return static.ring_state(prefix, min(self.lookback, capacity))
+
+    def decode_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None
+    ) -> Tensor:
+        return static.ring_step(q, k, v, state, pos, bias, self.pattern.allowed)
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:

@@ -37,14 +37,17 @@ where only a few heads are dilated, the ``per_head`` schedule gives each head gr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import torch
 from torch import Tensor
 
+from xfam.attention import _static as static
 from xfam.attention._base import ATTENTION
 from xfam.attention._sparse import SparseMechanism, SparsePattern, auto_block, band_layout, window_band
+from xfam.core.bias import ScoreBias
 from xfam.core.registry import NonNegative, Positive, Probability
+from xfam.core.state import DecodeState
 
 
 class LongformerPattern(SparsePattern):
@@ -118,6 +121,33 @@ class Longformer(SparseMechanism):
         block = block or auto_block((reach or 128) * max(per_head))
         super().__init__(pattern=LongformerPattern(reach, per_head, glob, block), backend=backend, dropout=dropout)
         self.window, self.dilation, self.global_tokens = window, per_head, glob
+
+    # -- fixed-shape decoding: the dilated window as a rolling window, the global keys apart -------------
+    @property
+    def window_pattern(self) -> LongformerPattern:
+        return cast(LongformerPattern, self.pattern)
+
+    def static_problem(self) -> str | None:
+        return None
+
+    def static_state(self, prefix: DecodeState, capacity: int) -> DecodeState | None:
+        """A rolling window of the last ``max(d) * reach + 1`` keys (``xfam.attention._static.ring_state``), the
+        global positions' keys apart; None when a global position lies after the prompt (a global query
+        sees every key, which no window holds); a dense key/value cache when there is no window."""
+        reach = self.window_pattern.reach
+        if reach is None:
+            return static.kv_state(prefix, capacity)
+        if any(g >= prefix["k"].shape[2] for g in self.global_tokens):
+            return None
+        return static.ring_state(prefix, min(max(self.dilation) * reach + 1, capacity), self.global_tokens)
+
+    def decode_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None
+    ) -> Tensor:
+        if self.window_pattern.reach is None:
+            return static.kv_step(q, k, v, state, pos, bias)
+        heads = torch.arange(len(self.dilation), device=q.device)[:, None] if len(self.dilation) > 1 else None
+        return static.ring_step(q, k, v, state, pos, bias, lambda qp, kp: self.window_pattern.allowed(qp, kp, heads))
 
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:

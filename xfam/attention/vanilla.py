@@ -27,11 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xfam.attention import _fused as fused
+from xfam.attention import _static as static
 from xfam.attention._base import ATTENTION, AttentionMechanism
 from xfam.core.bias import ScoreBias, ScoreModifier, additive_mask
 from xfam.core.mask import AttnMask
 from xfam.core.registry import Probability
-from xfam.core.state import expand_kv
+from xfam.core.state import DecodeState, expand_kv
 
 
 def reference_attention(
@@ -111,6 +112,18 @@ class Vanilla(AttentionMechanism):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal, enable_gqa=k.shape[1] != q.shape[1]
         )
+
+    def static_problem(self) -> str | None:
+        return None
+
+    def static_state(self, prefix: DecodeState, capacity: int) -> DecodeState:
+        return static.kv_state(prefix, capacity)
+
+    def decode_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None
+    ) -> Tensor:
+        """Dense attention over the key/value cache's slots 0..pos (``xfam.attention._static.kv_step``)."""
+        return static.kv_step(q, k, v, state, pos, bias)
 
     @classmethod
     def refusals(cls, params: dict, selection: Any) -> list[str]:

@@ -164,6 +164,10 @@ Which checkpoints generate, and how (xfam.eval.generate):
   causal LM, no memory    the prompt in one call, then one call per token with the KV cache (or each
                           mechanism's decode state); an early-exit model picks each token's depth.
                           With learned positions (pos=learned) prompt + max_new_tokens <= model.max_len.
+                          decoder=auto: a preallocated cache and a compiled one-token step where the
+                          model supports it and the run is long enough to repay compiling (batch x
+                          new tokens >= 2048, or already compiled in the process); else the eager
+                          growing cache. The log says which ran and why (docs/decoding.md).
   causal LM with memory   memory=xl, compressive, memorizing, spalm: the memory is carried as in training.
                           The stream is cut into segments of the run's data.seq_len; each completed
                           segment writes the memory, the current one is recomputed with it at every
@@ -237,6 +241,18 @@ GENERATE = Command(
             check=must("a number > 0", finite(lambda v: v > 0)),
         ),
         Option("knnlm_index", Choice(*knnlm.INDEXES), "exact", "kNN-LM: search index"),
+        Option(
+            "decoder",
+            Choice("auto", "compiled", "static", "eager"),
+            "auto",
+            "compiled: fixed-shape cache, compiled step; static: not compiled; eager: growing cache",
+        ),
+        Option(
+            "compile_mode",
+            Choice("default", "reduce-overhead", "max-autotune"),
+            "default",
+            "torch.compile mode of the compiled step (reduce-overhead: CUDA graphs)",
+        ),
         DEVICE,
     ),
     run="xfam.cli.sample:sample",

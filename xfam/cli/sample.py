@@ -70,6 +70,8 @@ def sample(args: Args) -> None:
         knn=knn,
         segment_len=segment_len,
         boundary=boundary,
+        decoder=args.decoder,
+        compile_mode=None if args.compile_mode == "default" else args.compile_mode,
     )
     for row in tokens.tolist():
         print(tokenizer.decode(row))

@@ -25,7 +25,9 @@ class LayerContext:
     """Everything a block needs that is the same for all layers of one forward pass.
 
     ``rotary`` holds the tables for the keys computed in this call (memory + segment, or the new
-    tokens when decoding); queries use its last Sq rows.
+    tokens when decoding); queries use its last Sq rows. ``step``: in a fixed-shape decode call
+    (``xfam.model.static_cache``), the position of its one new token, a 0-dim long tensor; the mechanism's
+    ``decode_step`` then attends over its own state and ``mask`` covers the new row alone.
     """
 
     mask: AttnMask
@@ -33,3 +35,4 @@ class LayerContext:
     bias: ScoreBias | None
     rotary: tuple[Tensor, ...] | None
     decoding: bool = False
+    step: Tensor | None = None

@@ -28,6 +28,8 @@ from torch import Tensor
 
 from xfam.attention import AttentionMechanism
 from xfam.core.errors import ConfigError
+from xfam.eval import fast_decode
+from xfam.eval.fast_decode import StaticStream, capacity_for
 from xfam.model.transformer import ModelOutput, XfamModel
 
 if TYPE_CHECKING:
@@ -165,9 +167,14 @@ def generate(
     knn: KnnMixer | None = None,
     segment_len: int | None = None,
     boundary: int | None = None,
+    decoder: str = "auto",
+    compile_mode: str | None = None,
 ) -> Generation:
     """Continue ``prompt [B, T]``. Without memory the prompt is processed in one call, then each new token
-    in one incremental call (an early-exit policy decides each token's depth in that call). With memory
+    in one incremental call (an early-exit policy decides each token's depth in that call): through the
+    fixed-shape step, compiled where it pays, or the eager growing cache (``decoder``: ``auto``,
+    ``compiled``, ``static``, ``eager``; ``compile_mode``: ``torch.compile``'s mode, e.g.
+    ``reduce-overhead`` for CUDA graphs; ``xfam.eval.fast_decode``). With memory
     the stream is run in segments of ``segment_len`` (the training ``data.seq_len``) with the memory
     carried, the current segment recomputed at each step (module docstring); ``boundary``: the token that
     ends a document when the training data marked documents (``data.doc_mask``), else None. With ``knn``
@@ -184,12 +191,16 @@ def generate(
     if bad:  # (top_p <= 0 kept no token: NaN probabilities, and sampling failed inside torch)
         raise ConfigError(f"generate: {'; '.join(bad)}. Fix: a value in the valid range.")
     model.eval()
-    step: SegmentStream | CachedStream
+    batch, length = prompt.shape
+    how = fast_decode.choose(model, batch, length, max_new_tokens, decoder, knn=knn is not None)
+    step: SegmentStream | CachedStream | StaticStream
     if model.uses_memory:
         assert segment_len is not None  # (generation_problems refused a memory model without it)
         step = SegmentStream(model, segment_len, boundary)
-    else:
+    elif how == "eager":
         step = CachedStream(model)
+    else:
+        step = StaticStream(model, capacity_for(model, length + max_new_tokens), how == "compiled", compile_mode)
     with knn if knn is not None else contextlib.nullcontext():
         out = step(prompt)
         tokens, used, depths = prompt, [], []
@@ -203,8 +214,8 @@ def generate(
                 probs = torch.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
                 nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
             tokens = torch.cat((tokens, nxt), dim=1)
-            if stop_token is not None and bool((nxt == stop_token).all()):
-                break
+            if len(used) == max_new_tokens or (stop_token is not None and bool((nxt == stop_token).all())):
+                break  # (no call for logits no token is drawn from)
             out = step(tokens)
             logits = out.logits[:, -1] if knn is None else knn(out.logits[:, -1])
     # (every step's depth, or none)

@@ -110,7 +110,10 @@ class SelfAttention(nn.Module):
         if self.score_options is not None:
             self.score_options.carry = carry
             modifier = self.score_options if modifier is None else ChainedModifier(modifier, self.score_options)
-        if ctx.decoding:
+        if ctx.step is not None:  # a fixed-shape step: the state is preallocated and updated in place
+            assert state is not None  # (``StaticCache`` holds every layer's)
+            o = self.mechanism.decode_step(q, k, v, state, ctx.step, ctx.bias)
+        elif ctx.decoding:
             o, state = self.mechanism.decode(q, k, v, state, ctx.mask, ctx.bias, modifier)
         else:
             o = self.mechanism(q, k, v, ctx.mask, ctx.bias, modifier)  # [B, H, S, Dh]

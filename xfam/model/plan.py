@@ -30,6 +30,21 @@ class DecodeCache:
     source: Any = None
 
 
+@dataclasses.dataclass
+class StaticCache:
+    """Fixed-shape decoding state (``xfam.model.static_cache`` builds it from a prompt's ``DecodeCache``): each
+    layer's mechanism state preallocated for ``capacity`` tokens and updated in place (``decode_step``), the
+    position of the next token ``pos`` as a 0-dim long tensor (advanced in place by every call), and the
+    positional encoding's rotary tables for positions ``0..capacity - 1`` (None for other kinds), so a call
+    has the same shapes at every position and one compiled step serves them all. One new row per call, no
+    padding, documents or auxiliary tokens."""
+
+    capacity: int
+    pos: Tensor
+    layers: list[DecodeState]
+    rotary: tuple[Tensor, ...] | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class CallPlan:
     """Index bookkeeping of one call (G aux tokens, S input tokens, T cached tokens).
@@ -47,6 +62,8 @@ class CallPlan:
         cache_padding: ``[B, T + S]`` padding of the keys of a decode call, when any is padded.
         decoding: the call extends a decode cache.
         batch: B.
+        step: in a fixed-shape decode call (``StaticCache``), the position of its row, a 0-dim tensor (``offset``
+            is then 0: the number of cached tokens is not a Python number).
     """
 
     offset: int
@@ -62,6 +79,7 @@ class CallPlan:
     cache_padding: Tensor | None
     decoding: bool
     batch: int = 1
+    step: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -73,13 +91,18 @@ def plan_call(
     inputs: Tensor,
     key_padding: Tensor | None,
     segments: Tensor | None,
-    cache: DecodeCache | None,
+    cache: DecodeCache | StaticCache | None,
     aux_tokens: int,
     aux_doc: int,
 ) -> CallPlan:
     """The plan of a call on ``inputs [B, S, ...]`` (the embedded input, ``[B, S, D]``: S rows whatever the
     input, token ids, vectors or image patches) with ``aux_tokens`` G in front (see ``CallPlan``)."""
     b, s = inputs.shape[:2]
+    if isinstance(cache, StaticCache):
+        if s != 1 or key_padding is not None or segments is not None or aux_tokens:
+            raise ValueError("a StaticCache call takes one new row, without padding, documents or aux tokens")
+        at = cache.pos.view(1)  # [1]
+        return CallPlan(0, 0, 0, at, at, None, None, None, None, None, None, decoding=True, batch=b, step=cache.pos)
     offset = cache.length if cache is not None else 0
     ride = aux_tokens if offset else 0
     start = offset - ride  # the input's own first position

@@ -27,7 +27,7 @@ from xfam.memory import Memory
 from xfam.model.attn_options import Carry
 from xfam.model.block import Block
 from xfam.model.cross import CrossSource
-from xfam.model.plan import CallPlan, DecodeCache
+from xfam.model.plan import CallPlan, DecodeCache, StaticCache
 from xfam.model.reversible import reversible_stack
 from xfam.model.spec import ModelSpec
 from xfam.pos import PositionalEncoding
@@ -73,7 +73,7 @@ class Stack:
         plan: CallPlan,
         *,
         memory: list[MemoryState] | None,
-        cache: DecodeCache | None,
+        cache: DecodeCache | StaticCache | None,
         targets: Tensor | None,
         retrieved: tuple[Tensor, Tensor] | None,
         dtype: torch.dtype,
@@ -98,7 +98,8 @@ class Stack:
             self.reads = [m.read(st) for m, st in zip(self.memories, memory, strict=True)]
             self.read_docs = [m.read_segments(st) for m, st in zip(self.memories, memory, strict=True)]
         self.states = list(cache.layers) if cache is not None else None
-        self.source = source if source is not None or cache is None else cache.source
+        self.static = cache if isinstance(cache, StaticCache) else None
+        self.source = source if source is not None or not isinstance(cache, DecodeCache) else cache.source
         self.aux: dict[str, Tensor] = {}
         self.carry = Carry()  # what a layer passes to the next (block options that read an earlier layer)
         self._contexts: dict[object, LayerContext] = {}
@@ -152,8 +153,11 @@ class Stack:
         hidden = reversible_stack(x[:, ride:], self.blocks, lambda i: ctx, self.spec.ffn_chunks, self.states)
         return torch.cat((x[:, :ride], hidden), dim=1) if ride else hidden
 
-    def new_cache(self) -> DecodeCache | None:
+    def new_cache(self) -> DecodeCache | StaticCache | None:
         """The decode cache after this call (None when no cache was passed in)."""
+        if self.static is not None:  # (its states were updated in place)
+            self.static.pos.add_(self.plan.rows)
+            return self.static
         if self.states is None:
             return None
         length = self.plan.offset + self.plan.rows
@@ -165,8 +169,22 @@ class Stack:
         (and per memory when documents are marked: each memory keeps its own entries' document ids)."""
         key = front if front_docs is None else (front, id(front_docs))
         if key not in self._contexts:
-            self._contexts[key] = self._make_context(front, front_docs)
+            self._contexts[key] = self._make_context(front, front_docs) if self.static is None else self._step_context()
         return self._contexts[key]
+
+    def _step_context(self) -> LayerContext:
+        """The context of a fixed-shape decode call: its row's rotary tables picked from the cache's, the
+        mechanisms' ``decode_step`` on their own state (``LayerContext.step``)."""
+        assert self.static is not None and self.plan.step is not None  # (a StaticCache call)
+        tables, rows = self.static.rotary, self.plan.row_positions  # [S]
+        return LayerContext(
+            mask=AttnMask(self.plan.rows, self.plan.rows, self.causal),
+            pos=self.pos,
+            bias=self.pos.score_bias(),
+            rotary=None if tables is None else tuple(t.index_select(0, rows) for t in tables),
+            decoding=True,
+            step=self.plan.step,
+        )
 
     def _make_context(self, front: int, front_docs: Tensor | None) -> LayerContext:
         plan = self.plan

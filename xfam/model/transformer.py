@@ -34,7 +34,7 @@ from xfam.model.head_groups import HeadGroups
 from xfam.model.inputs import TOKENS, DecisionEmbedding, input_embedding
 from xfam.model.layers import make_norm
 from xfam.model.layout import block_layouts
-from xfam.model.plan import CallPlan, DecodeCache, plan_call
+from xfam.model.plan import CallPlan, DecodeCache, StaticCache, plan_call
 from xfam.model.residual import Link, deepnorm_constants
 from xfam.model.spec import ModelSpec
 from xfam.model.stack import Stack
@@ -59,7 +59,7 @@ class ModelOutput:
     logits: Tensor
     aux: dict[str, Tensor]
     memory: list[MemoryState] | None = None
-    cache: DecodeCache | None = None
+    cache: DecodeCache | StaticCache | None = None
     depth: Tensor | None = None
 
 
@@ -209,7 +209,7 @@ class XfamModel(nn.Module):
         key_padding: Tensor | None = None,
         segments: Tensor | None = None,
         memory: list[MemoryState] | None = None,
-        cache: DecodeCache | None = None,
+        cache: DecodeCache | StaticCache | None = None,
         targets: Tensor | None = None,
         source: CrossSource | None = None,
     ) -> ModelOutput:
@@ -221,7 +221,8 @@ class XfamModel(nn.Module):
             key_padding: ``[B, S]`` bool, True for real tokens (None: no padding).
             segments: ``[B, S]`` document ids of packed rows; attention stays within a document.
             memory: per-layer memory states from the previous segment (or ``init_memory``).
-            cache: decode state; when given, ``tokens`` are new tokens after ``cache.length``.
+            cache: decode state; when given, ``tokens`` are new tokens after ``cache.length`` (a ``StaticCache``:
+                one new token at ``cache.pos``, through the mechanisms' fixed-shape ``decode_step``).
             targets: the loss's targets (``[B, S]`` ids, -100 = none, or ``[B]`` labels), given in
                 training to exit policies that train per-layer classifiers (``exit=calm``, ...).
             source: the encoder's output, for a decoder with cross-attention (a decode cache keeps it
@@ -243,7 +244,7 @@ class XfamModel(nn.Module):
         key_padding: Tensor | None = None,
         segments: Tensor | None = None,
         memory: list[MemoryState] | None = None,
-        cache: DecodeCache | None = None,
+        cache: DecodeCache | StaticCache | None = None,
         targets: Tensor | None = None,
         source: CrossSource | None = None,
     ) -> tuple[ExitOutput, Stack]:
