@@ -44,6 +44,11 @@ CASES = {  # id: (attention, pos, model options)
     "performer-alibi": ({"name": "performer"}, "alibi", {}),
     "rfa-gate": ({"name": "rfa", "gate": True}, "rope", {}),
     "shared-layers-resi-dual": ({"name": "vanilla"}, "rope", {"share_layers": True, "norm_position": "resi_dual"}),
+    "per-head-groups": (
+        {"name": "vanilla", "per_head": [{"heads": 2}, {"heads": 2, "name": "local", "window": 3}]},
+        "alibi",
+        {},
+    ),
 }
 
 
@@ -92,7 +97,7 @@ def test_a_global_position_after_the_prompt_continues_eagerly(caplog: pytest.Log
     prompt = torch.randint(0, V, (1, 4))  # position 7, a global query that sees every key, comes after it
     with caplog.at_level(logging.INFO, logger="xfam"):
         static = generate(model, prompt, 10, temperature=0, decoder="static")
-    assert "cannot hold this prompt's state" in caplog.text
+    assert "cannot hold this prompt's state in fixed shape" in caplog.text
     eager = generate(model, prompt, 10, temperature=0, decoder="eager")
     assert torch.equal(eager.tokens, static.tokens)
 
@@ -107,6 +112,15 @@ REFUSED = {  # model options -> words of the reason
     "modifier": ({"pos": "shaw"}, "pos=shaw"),
     "bigbird": ({"attention": {"name": "bigbird", "block": 4}}, "attention=bigbird"),
     "exact-features": ({"attention": {"name": "performer", "features": "exact"}}, "features=exact"),
+    "per-head-groups": (
+        {
+            "attention": {
+                "name": "vanilla",
+                "per_head": [{"heads": 2}, {"heads": 2, "name": "fixed", "stride": 4, "summary": 1}],
+            }
+        },
+        "attention=fixed",
+    ),
 }
 
 

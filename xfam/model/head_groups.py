@@ -78,3 +78,21 @@ class HeadGroups(AttentionMechanism):
             outs.append(out)
             new.append(st)
         return torch.cat(outs, dim=1), {"groups": new}
+
+    # -- fixed-shape decoding: each group's own state (``xfam.model.static_cache``) ---------------------------
+    def static_problem(self) -> str | None:
+        problems = [why for member in self.members if (why := member.static_problem()) is not None]
+        return "; ".join(problems) if problems else None
+
+    def static_state(self, prefix: DecodeState, capacity: int) -> DecodeState | None:
+        groups = [m.static_state(st, capacity) for m, st in zip(self.members, prefix["groups"], strict=True)]
+        return None if any(g is None for g in groups) else {"groups": groups}
+
+    def decode_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None
+    ) -> Tensor:
+        outs = []
+        for (member, a, b), st in zip(self._slices(), state["groups"], strict=True):
+            part = bias and bias.select_heads(a, b)
+            outs.append(member.decode_step(q[:, a:b], self._kv(k, a, b), self._kv(v, a, b), st, pos, part))
+        return torch.cat(outs, dim=1)  # [B, H, 1, Dh]

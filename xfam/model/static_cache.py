@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from xfam.attention import AttentionMechanism
 from xfam.model.attn_options import needs_scores
 from xfam.model.plan import DecodeCache, StaticCache
 
@@ -48,8 +47,7 @@ def static_problems(model: Any, capacity: int) -> list[str]:
         out.append(f"pos={name} encodes positions < model.max_len={top}, and {capacity} are needed")
     if any(b.cross is not None for b in model.blocks):
         out.append("cross-attention reads an encoder's output")
-    mechanisms = {m.registry_name: m for m in model.modules() if isinstance(m, AttentionMechanism)}
-    out += sorted({why for m in mechanisms.values() if (why := m.static_problem()) is not None})
+    out += sorted({why for b in model.blocks if (why := b.attn.mechanism.static_problem()) is not None})
     return out
 
 
@@ -63,7 +61,8 @@ def to_static(model: Any, cache: DecodeCache, capacity: int) -> StaticCache:
     for block, state in zip(_blocks_by_layer(model), cache.layers, strict=True):
         static = block.attn.mechanism.static_state(state, capacity)
         if static is None:
-            raise NoStaticStep(f"attention={block.attn.mechanism.registry_name} cannot hold this prompt's state")
+            name = block.attn.mechanism.registry_name or "per_head"
+            raise NoStaticStep(f"attention={name} cannot hold this prompt's state in fixed shape")
         layers.append(static)
     weight = next(model.parameters())
     device, dtype = weight.device, weight.dtype
