@@ -135,3 +135,18 @@ class StaticStream:
             self.cache = to_static(self.model, self.cache, self.capacity)
         except NoStaticStep as why:
             log.info("decoding eagerly from the prompt: %s", why)
+            return
+        if self.compiled and self.token.is_cuda:  # CUDA graphs replay fixed addresses: the cache's are inputs
+            for state in self.cache.layers:
+                for t in _tensors(state):
+                    torch._dynamo.mark_static_address(t)
+            torch._dynamo.mark_static_address(self.cache.pos)
+            torch._dynamo.mark_static_address(self.token)
+
+
+def _tensors(state: Any) -> list[Tensor]:
+    """Every tensor of a (nested) decode state."""
+    if isinstance(state, Tensor):
+        return [state]
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, list | tuple) else []
+    return [t for v in values for t in _tensors(v)]
