@@ -87,6 +87,12 @@ def test_eval_and_generate_from_a_checkpoint(trained: tuple[Path, list[str], dic
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.count("the quick") == 2 and "cached vs recomputed logits" in res.stdout and "OK" in res.stdout
+    greedy = ["-m", "xfam.cli", "generate", f"ckpt={ckpt}", "prompt=the quick", "max_new_tokens=24", "temperature=0"]
+    static = run_cli([*greedy, "decoder=static", "check=true"], env=env)  # the fixed-shape step, not compiled
+    assert static.returncode == 0, static.stderr[-2000:]
+    assert "OK" in static.stdout
+    eager = run_cli([*greedy, "decoder=eager"], env=env)
+    assert eager.returncode == 0 and eager.stdout.splitlines()[0] == static.stdout.splitlines()[0]
 
 
 def test_generate_refuses_bad_checkpoints(tmp_path: Path) -> None:
