@@ -31,7 +31,9 @@ from xfam.core.state import DecodeState
 Allowed = Callable[[Tensor, Tensor], Tensor]
 
 
-def attend_slots(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, pos: Tensor, slots: Tensor, bias: ScoreBias | None):
+def attend_slots(
+    q: Tensor, k: Tensor, v: Tensor, visible: Tensor, pos: Tensor, slots: Tensor, bias: ScoreBias | None
+) -> Tensor:
     """Softmax attention of one query ``q [B, H, 1, Dh]`` over slots ``k, v [B, Hkv, N, Dh]`` that hold positions
     ``slots [N]``; ``visible [Hp, N]`` (Hp = 1 or H) the slots it may see; ``bias`` at (pos, slot)."""
     add = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, float("-inf"))

@@ -19,7 +19,7 @@ process. Decoders (``generate(decoder=...)``):
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,7 +30,6 @@ from xfam.model.plan import DecodeCache, StaticCache
 from xfam.model.static_cache import NoStaticStep, static_problems, to_static
 from xfam.model.transformer import ModelOutput, XfamModel
 
-Decoder = Literal["auto", "compiled", "static", "eager"]
 DECODERS = ("auto", "compiled", "static", "eager")
 #: batch x new tokens from which ``auto`` compiles a step not yet compiled in this process.
 COMPILE_FROM = 2048
@@ -86,14 +85,12 @@ class StaticStream:
     """A model over a growing stream through the fixed-shape step: the first call runs the prompt eagerly and
     moves its state into a ``StaticCache`` of ``capacity`` tokens; each later call runs the stream's one new
     token. Where a mechanism cannot hold the prompt's state in fixed shape (``NoStaticStep``), the stream
-    goes on eagerly from the prompt's cache, with a log line. ``compile_seconds``: the first compiled step's
-    time (compilation included), once it ran; None when the step was compiled before or is not compiled."""
+    goes on eagerly from the prompt's cache, with a log line."""
 
     def __init__(self, model: XfamModel, capacity: int, compiled: bool, mode: str | None = None):
         self.model, self.capacity, self.compiled = model, capacity, compiled
         self.cache: StaticCache | DecodeCache | None = None
         self.seen = 0
-        self.compile_seconds: float | None = None
         self.step = _step
         if compiled:
             device = next(model.parameters()).device.type
@@ -123,9 +120,8 @@ class StaticStream:
         log.info("compiling the decode step (once per model, batch and cache size in this process)")
         start = time.perf_counter()
         logits = self.step(self.model, self.token, self.cache)
-        self.compile_seconds = time.perf_counter() - start
         _seen.add(key)
-        log.info("decode step compiled in %.1f s", self.compile_seconds)
+        log.info("decode step compiled in %.1f s", time.perf_counter() - start)
         return ModelOutput(logits=logits[:, None], aux={})
 
     def _go_static(self) -> None:
