@@ -148,3 +148,27 @@ def test_what_cannot_generate_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(type(model.blocks[0].attn.mechanism), "fixed_length", True)
     with pytest.raises(ConfigError, match=r"attention=vanilla needs every sequence to have exactly model.max_len"):
         generate(model, torch.zeros(1, 3, dtype=torch.long), 2)
+
+
+@pytest.mark.parametrize(
+    "attention, pos",
+    [("vanilla", "rope"), ("vanilla", "alibi"), ("local", "rope"), ("performer", "none")],
+    ids=["rope", "alibi", "local", "performer"],
+)
+@pytest.mark.parametrize("kind", ["xl", "compressive"])
+def test_memory_read_into_a_decode_cache_runs_one_token_per_call(kind: str, attention: str, pos: str) -> None:
+    """Inside a segment a memory read as states in front of the keys decodes with a cache (``CachedSegments``):
+    one row per call after the segment's first, and the logits of the stream run segment by segment."""
+    cfg = {**yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text()), **TINY[kind]}
+    attn = {"name": attention, **({"window": 3} if attention == "local" else {})}
+    model = build_model(attention=attn, pos=pos, vocab_size=V, memory=cfg, max_len=32)
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, args: rows.append(args[0].shape[1]))
+    prompt = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(7))
+    g = generate(model, prompt, 4 * SEG, temperature=0, segment_len=SEG)
+    hook.remove()
+    want = stream_logits(model, g.tokens[:, :-1], SEG)[:, 5:]
+    assert torch.allclose(g.logits, want, atol=1e-5)
+    run = 6 + 4 * SEG - 1  # tokens the model ran (not the last one drawn)
+    # calls of more than one row: the prompt's, and each completed segment's one rerun that writes the memory
+    assert sum(r > 1 for r in rows) <= 1 + (run - 1) // SEG and sum(rows) <= run + SEG * ((run - 1) // SEG)

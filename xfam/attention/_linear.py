@@ -203,7 +203,7 @@ class KernelAttention(AttentionMechanism):
         ld = self._bias_decay(ld, bias, fq)
         v = expand_kv(v, q.shape[1])
         num, den, state = causal_sums(fq, fk, v, ls, ld, keep, doc, doc0, state, self.chunk)
-        return finish(num, den, v), state
+        return finish(num, den, v[:, :, -q.shape[2] :]), state  # (a memory read in this call leads the keys)
 
     # -- fixed-shape decoding: the running sums are fixed-shape already --------------------------------
     def static_problem(self) -> str | None:

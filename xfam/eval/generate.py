@@ -7,12 +7,16 @@ arXiv:1904.09751) filtering, from a causal language model with or without segmen
   Dai et al., 2019, "Transformer-XL", arXiv:1901.02860, sec. 3.2, and the memories built on it) the
   memory is carried as in training: the stream (prompt and generated tokens) is cut into segments of
   the training length (``data.seq_len``); each completed segment is run once with the memory of the
-  segments before it, and the memory it writes is kept; the tokens of the current, incomplete segment
-  are recomputed at every step with that memory (a decode cache and a memory do not combine in the
-  model). A token's logits are then exactly those of the model run over the whole stream segment by
-  segment (``stream_logits``, the definition). When the training data marked documents
-  (``data.doc_mask``), a boundary token closes its document, as in training: attention and memory stay
-  inside documents. SPALM's long-term memory retrieves for every recomputed position, as in training.
+  segments before it, and the memory it writes is kept. Inside the current, incomplete segment the tokens
+  decode incrementally: the segment's first call reads the memory into a decode cache (its keys and
+  values in front of the segment's), each later call runs one token against that cache
+  (``CachedSegments``). Where a memory cannot be read that way (documents marked, a memory that takes part
+  in attention or mixes into the output: ``memorizing``, ``spalm``), the current segment is recomputed at
+  every step instead (``SegmentStream``). Either way a token's logits are exactly those of the model run
+  over the whole stream segment by segment (``stream_logits``, the definition). When the training data
+  marked documents (``data.doc_mask``), a boundary token closes its document, as in training: attention
+  and memory stay inside documents. SPALM's long-term memory retrieves for every recomputed position, as
+  in training.
 
 Shapes: B samples, T tokens so far, S segment length, V vocabulary.
 """
@@ -28,8 +32,10 @@ from torch import Tensor
 
 from xfam.attention import AttentionMechanism
 from xfam.core.errors import ConfigError
+from xfam.core.logs import log_once
 from xfam.eval import fast_decode
 from xfam.eval.fast_decode import StaticStream, capacity_for
+from xfam.model.plan import DecodeCache
 from xfam.model.transformer import ModelOutput, XfamModel
 
 if TYPE_CHECKING:
@@ -125,6 +131,46 @@ class SegmentStream:
         return out
 
 
+class CachedSegments:
+    """A memory model over a growing stream with a decode cache inside each segment: the same logits as
+    ``SegmentStream`` (the segments of training, the memory carried), without recomputing the current segment
+    at every step. Each completed segment runs once with the memory of the segments before it and writes the
+    memory; the current segment's first call reads that memory, whose keys and values enter its decode cache
+    in front of the segment's (``DecodeCache.front``), and each later call runs the new tokens against that
+    cache. For memories read as states in front of the keys (``cached_segment_problems``), without documents."""
+
+    def __init__(self, model: XfamModel, segment_len: int):
+        self.model, self.segment_len = model, segment_len
+        self.memory: list | None = None
+        self.cache: DecodeCache | None = None
+        self.done = self.seen = 0  # tokens in completed segments; tokens run so far
+
+    def __call__(self, tokens: Tensor) -> ModelOutput:
+        """``tokens [B, T]``: the whole stream so far (it only grows between calls)."""
+        if self.memory is None:
+            self.memory = self.model.init_memory(tokens.shape[0], tokens.device)
+        while tokens.shape[1] - self.done > self.segment_len:  # a completed segment writes the memory
+            segment = tokens[:, self.done : self.done + self.segment_len]
+            self.memory = self.model(segment, memory=self.memory).memory
+            self.done, self.cache = self.done + self.segment_len, None
+        if self.cache is None:  # the segment's first call reads the memory
+            out = self.model(tokens[:, self.done :], memory=self.memory, cache=self.model.empty_cache())
+        else:
+            out = self.model(tokens[:, self.seen :], cache=self.cache)
+        self.cache, self.seen = out.cache, tokens.shape[1]
+        return out
+
+
+def cached_segment_problems(model: XfamModel, boundary: int | None) -> list[str]:
+    """Why a memory model generates by recomputing its current segment (``SegmentStream``) rather than with a
+    decode cache inside the segment (``CachedSegments``); empty: it need not."""
+    out = ["documents are marked (data.doc_mask)"] if boundary is not None else []
+    for m in model.memories:
+        out += [f"memory={m.registry_name} takes part in its layer's attention"] if m.augments_attention else []
+        out += [f"memory={m.registry_name} mixes into the output"] if m.mixes_output else []
+    return out
+
+
 class CachedStream:
     """A model without memory over a growing stream (token ids or vectors): each call runs the rows after the
     decode cache."""
@@ -193,10 +239,14 @@ def generate(
     model.eval()
     batch, length = prompt.shape
     how = fast_decode.choose(model, batch, length, max_new_tokens, decoder, knn=knn is not None)
-    step: SegmentStream | CachedStream | StaticStream
+    step: SegmentStream | CachedSegments | CachedStream | StaticStream
     if model.uses_memory:
         assert segment_len is not None  # (generation_problems refused a memory model without it)
-        step = SegmentStream(model, segment_len, boundary)
+        if problems := cached_segment_problems(model, boundary):
+            log_once(f"recomputing the current segment at every step: {'; '.join(problems)}")
+            step = SegmentStream(model, segment_len, boundary)
+        else:
+            step = CachedSegments(model, segment_len)
     elif how == "eager":
         step = CachedStream(model)
     else:

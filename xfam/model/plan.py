@@ -20,14 +20,17 @@ from xfam.core.state import DecodeState
 @dataclasses.dataclass
 class DecodeCache:
     """Incremental-decoding state: tokens seen so far, each layer's mechanism state, the key padding
-    ``[B, length]`` of the tokens seen so far (None while nothing was padded), and for the decoder of an
+    ``[B, length]`` of the tokens seen so far (None while nothing was padded), for the decoder of an
     encoder-decoder the encoder's output with its per-layer cross-attention keys and values
-    (``xfam.model.cross.CrossSource``, projected in the first call only)."""
+    (``xfam.model.cross.CrossSource``, projected in the first call only), and per layer the keys held in
+    front of the tokens (``front``: a memory read in the first call, whose keys and values entered the
+    state there; None: none)."""
 
     length: int
     layers: list[DecodeState | None]
     key_padding: Tensor | None = None
     source: Any = None
+    front: list[int] | None = None
 
 
 @dataclasses.dataclass

@@ -98,6 +98,10 @@ class Stack:
             self.reads = [m.read(st) for m, st in zip(self.memories, memory, strict=True)]
             self.read_docs = [m.read_segments(st) for m, st in zip(self.memories, memory, strict=True)]
         self.states = list(cache.layers) if cache is not None else None
+        # per layer: keys in front of the tokens in the decode state (a memory the cache's first call read)
+        self.fronts = list(cache.front or [0] * len(self.memories)) if isinstance(cache, DecodeCache) else None
+        if cache is not None:  # a memory read by a decode call enters its cache; the segment writes it elsewhere
+            self.new_memory = None
         self.static = cache if isinstance(cache, StaticCache) else None
         self.source = source if source is not None or not isinstance(cache, DecodeCache) else cache.source
         self.aux: dict[str, Tensor] = {}
@@ -112,9 +116,12 @@ class Stack:
         carried, h = x[:, : plan.ride], x[:, plan.ride :]
         block: Block = self.blocks[step % len(self.blocks)]
         mem = self.reads[step] if self.reads is not None else None
-        front = plan.offset if plan.decoding else (0 if mem is None else mem.shape[1])
+        fresh = 0 if mem is None else mem.shape[1]  # memory rows whose keys this call computes
+        front = self._front(step) + fresh
         docs = self.read_docs[step] if self.read_docs and plan.run_segments is not None and front else None
-        ctx, augment = self.context(front, docs), self._augment(step)
+        ctx, augment = self.context(front, docs, fresh), self._augment(step)
+        if self.fronts is not None:
+            self.fronts[step] += fresh
         h = self._layer_positions(step, h)
         if step == 0 and self.model.dual_norm is not None:  # ResiDual's second stream starts as the input
             self.carry.dual = [h]
@@ -161,15 +168,27 @@ class Stack:
         if self.states is None:
             return None
         length = self.plan.offset + self.plan.rows
-        return DecodeCache(length, self.states, self.plan.cache_padding, self.source)
+        fronts = self.fronts if self.fronts is not None and any(self.fronts) else None
+        return DecodeCache(length, self.states, self.plan.cache_padding, self.source, fronts)
 
     # -- inside a layer ------------------------------------------------------------------------------
-    def context(self, front: int, front_docs: Tensor | None = None) -> LayerContext:
+    def _front(self, step: int) -> int:
+        """Keys in front of layer ``step``'s rows before any memory this call reads: a decode call's cached
+        keys (the tokens seen and a memory an earlier call read), else none."""
+        if not self.plan.decoding or self.fronts is None:
+            return 0
+        return self.plan.offset + self.fronts[step]
+
+    def context(self, front: int, front_docs: Tensor | None = None, fresh: int | None = None) -> LayerContext:
         """The layer context of keys ``[persistent | front | rows]``, built once per distinct front length
-        (and per memory when documents are marked: each memory keeps its own entries' document ids)."""
-        key = front if front_docs is None else (front, id(front_docs))
+        (and per memory when documents are marked: each memory keeps its own entries' document ids).
+        ``fresh``: the front keys computed in this call (a memory it reads; None: all of them outside
+        decoding, none in a decode call), which take rotary rows with the call's own rows."""
+        fresh = fresh if fresh is not None else 0 if self.plan.decoding else front
+        key = (front, fresh) if front_docs is None else (front, fresh, id(front_docs))
         if key not in self._contexts:
-            self._contexts[key] = self._make_context(front, front_docs) if self.static is None else self._step_context()
+            made = self._make_context(front, front_docs, fresh) if self.static is None else self._step_context()
+            self._contexts[key] = made
         return self._contexts[key]
 
     def _step_context(self) -> LayerContext:
@@ -186,12 +205,14 @@ class Stack:
             step=self.plan.step,
         )
 
-    def _make_context(self, front: int, front_docs: Tensor | None) -> LayerContext:
+    def _make_context(self, front: int, front_docs: Tensor | None, fresh: int) -> LayerContext:
         plan = self.plan
         pad, seg = plan.run_padding, plan.run_segments  # [B, R]
         rows = plan.rows
         if plan.decoding:
             pad = plan.cache_padding  # [B, T + R]
+            if pad is not None and front > plan.offset:  # the memory keys in front (real)
+                pad = F.pad(pad, (front - plan.offset, 0), value=True)  # [B, front + R]
         elif pad is not None and front:
             pad = torch.cat((pad.new_ones(pad.shape[0], front), pad), dim=1)  # [B, M + R]
         if seg is not None and front and not plan.decoding:  # memory of another document is never seen
@@ -204,7 +225,7 @@ class Stack:
             )
         p = self.spec.num_mem_kv
         mask = AttnMask(rows, p + front + rows, self.causal, pad, seg, persistent=p)
-        key_pos = torch.arange(front + rows, device=plan.positions.device)[-rows if plan.decoding else 0 :]
+        key_pos = torch.arange(front + rows, device=plan.positions.device)[front - fresh :]  # the keys computed now
         return LayerContext(
             mask=mask,
             pos=self.pos,
