@@ -170,8 +170,10 @@ Which checkpoints generate, and how (xfam.eval.generate):
                           growing cache. The log says which ran and why (docs/decoding.md).
   causal LM with memory   memory=xl, compressive, memorizing, spalm: the memory is carried as in training.
                           The stream is cut into segments of the run's data.seq_len; each completed
-                          segment writes the memory, the current one is recomputed with it at every
-                          step (no length limit; documents end at eos when the run set data.doc_mask).
+                          segment writes the memory. Inside the current one, xl and compressive decode
+                          one token per call against a cache that starts with the memory; memorizing,
+                          spalm and runs with data.doc_mask recompute the segment at every step (no
+                          length limit; documents end at eos when the run set data.doc_mask).
   knnlm_store=DIR         tokens drawn from kNN-LM's interpolation (models with exit=none).
   encoder-decoder         (model.arch=encoder_decoder) source=<text> or source_file=<path> is encoded once;
                           the decoder runs one cached step per token (its cross-attention keys and values

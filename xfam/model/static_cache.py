@@ -27,7 +27,7 @@ def static_problems(model: Any, capacity: int) -> list[str]:
     (empty: it can)."""
     spec, out = model.spec, []
     if model.uses_memory:
-        out.append("a memory model generates segment by segment, recomputing the current segment at every step")
+        out.append("a memory model decodes segment by segment, each segment's cache starting from a new memory")
     if not model.exit.full_stack:
         out.append(f"exit={model.exit.registry_name} chooses each token's layers as it runs")
     if model.aux_tokens:
