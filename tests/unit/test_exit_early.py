@@ -9,7 +9,9 @@ One file over 400 lines: both policies are checked against one hooked reference 
 
 from __future__ import annotations
 
+import contextlib
 import types
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +23,7 @@ from xfam.core.errors import ConfigError
 from xfam.exit import EXIT
 from xfam.exit.calm import CALM
 from xfam.exit.depth_adaptive import DepthAdaptive
+from xfam.model.stack import Stack
 
 L, V, S = 4, 11, 10
 MEASURES = ["softmax", "saturation", "classifier"]
@@ -65,18 +68,35 @@ def tokens(b: int = 3, s: int = S, seed: int = 1) -> torch.Tensor:
 
 
 def hooked(model, x, **kw):
-    """Run the model recording each block's input and output ``[B, S, D]`` (blocks that ran only)."""
+    """Run the model, and record each block's input and output ``[B, S, D]`` (blocks that ran only) in a second run
+    whose exited tokens pass every later layer whole (``whole_layers``: the definition of state propagation, which
+    the model's partial layers equal, tests/unit/test_exit_propagation.py); the first run's output."""
+    out = model(x, **kw)
     ins, outs = {}, {}
     handles = []
     for i, blk in enumerate(model.blocks):
         handles.append(blk.register_forward_pre_hook(lambda m, a, i=i: ins.__setitem__(i, a[0].detach().clone())))
         handles.append(blk.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o[0].detach().clone())))
     try:
-        out = model(x, **kw)
+        with whole_layers():
+            ref = model(x, **kw)
     finally:
         for h in handles:
             h.remove()
+    assert (out.depth is None) == (ref.depth is None) and (out.depth is None or torch.equal(out.depth, ref.depth))
     return out, ins, outs
+
+
+@contextlib.contextmanager
+def whole_layers() -> Iterator[None]:
+    """Within the context the layer stack has no ``run_layer_rows``: an exited token's copied state runs through
+    every later layer in full."""
+    saved = Stack.run_layer_rows
+    del Stack.run_layer_rows
+    try:
+        yield
+    finally:
+        Stack.run_layer_rows = saved
 
 
 def with_copied_states(plain, x, depth):

@@ -125,6 +125,39 @@ class AttentionMechanism(nn.Module, Component):
         values = torch.cat((vp, v), dim=2) if p else v
         return self(q, keys, values, mask, bias, modifier), {"k": k, "v": v}
 
+    # -- early exit: state propagation (``xfam.model.propagate``) ---------------------------------------------
+    def propagate_problem(self) -> str | None:
+        """Why a token that left the stack early cannot pass this layer by updating the decode state alone, without
+        attending (None: it can, through ``propagate`` and ``decode_propagated``). The default: it can when the
+        mechanism keeps the default key/value cache; one that overrides ``decode`` (running sums, buckets) cannot
+        unless it overrides these three too (its exited tokens then attend as before)."""
+        if type(self).decode is AttentionMechanism.decode:
+            return None
+        return f"attention={self.registry_name} keeps its own decode state (no key/value-only update)"
+
+    def propagate(self, k: Tensor, v: Tensor, state: DecodeState | None) -> DecodeState:
+        """The decode state after new tokens that do not attend: their keys and values ``k, v [B, Hkv, Sq, Dh]``
+        (no persistent keys) join ``state`` as ``decode`` would add them (an early-exited token's copied state,
+        which later tokens read: CALM's state propagation). The default: appended to the key/value cache."""
+        if state is not None:
+            k = torch.cat((state["k"], k), dim=2)  # [B, Hkv, T + Sq, Dh]
+            v = torch.cat((state["v"], v), dim=2)
+        return {"k": k, "v": v}
+
+    def decode_propagated(
+        self,
+        q: Tensor,
+        state: DecodeState,
+        rows: Tensor,
+        mask: AttnMask,
+        bias: ScoreBias | None = None,
+        modifier: ScoreModifier | None = None,
+    ) -> Tensor:
+        """``decode``'s output for the batch rows ``rows [R]`` of a state that ``propagate`` already gave their new
+        keys and values: ``q [R, H, Sq, Dh]`` (their new queries), ``mask`` describes those rows' keys. The default
+        attends over the rows' key/value cache."""
+        return self(q, state["k"].index_select(0, rows), state["v"].index_select(0, rows), mask, bias, modifier)
+
     # -- fixed-shape decoding (``xfam.attention._static``, ``xfam.model.static_cache``) ------------------
     def static_problem(self) -> str | None:
         """Why this mechanism has no fixed-shape decode step (None: it has one, ``static_state`` and

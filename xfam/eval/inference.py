@@ -1,8 +1,15 @@
 """Inference with an exit policy: changing its inference options on a trained model, and comparing
-it with the full-depth model it shortens (``xfam eval``, ``xfam generate``, ``xfam calibrate``)."""
+it with the full-depth model it shortens (``xfam eval``, ``xfam generate``, ``xfam calibrate``).
+
+``xfam eval`` also times both passes of every batch after the first (which warms up): ``{split}/seconds`` and
+``{split}/full/seconds``, the wall-clock saving ``{split}/wall_saved`` = 1 - seconds / full seconds, and
+``{split}/wall_per_layer_saved``, its ratio to the layer applications saved (``compute_saved``): 1 when the
+time falls as the layers do. In a whole-sequence pass an exited token's later layers still produce its keys and
+values and attend (later tokens read them); only their FFNs are skipped (``xfam.model.propagate``)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -64,20 +71,41 @@ def full_depth_stats(
     task: str,
     token_bytes: Tensor | None,
     early_logits: Tensor,
+    early_seconds: float | None = None,
 ) -> dict[str, Tensor]:
     """One batch's sums for the comparison with full depth: the full model's ``batch_stats`` (keys
-    ``full/...``) and the top-1 agreement of ``early_logits`` with it (``agree`` of ``agree_count``)."""
+    ``full/...``) and the top-1 agreement of ``early_logits`` with it (``agree`` of ``agree_count``). Given the
+    wall-clock seconds of the early-exit pass that produced ``early_logits``, the full-depth pass is timed too
+    (``seconds``, ``full/seconds``)."""
+    device = early_logits.device
+    start = clock(device)
     full = full_depth_logits(model, batch)
+    full_seconds = clock(device) - start
     stats = {f"full/{k}": v for k, v in batch_stats(task, full, batch, token_bytes).items()}
     keep = batch["labels"] != -100 if task != "classify" else None
     stats["agree"], stats["agree_count"] = agreement(early_logits, full, keep)
+    if early_seconds is not None:
+        stats["seconds"], stats["full/seconds"] = torch.tensor(early_seconds), torch.tensor(full_seconds)
     return stats
+
+
+def clock(device: torch.device | str) -> float:
+    """``time.perf_counter()`` once the work queued on ``device`` has finished (CUDA runs asynchronously)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def summarize_full_depth(sums: dict[str, Tensor], task: str, prefix: str) -> dict[str, Tensor]:
     """``{prefix}/full/...`` metrics and ``{prefix}/agreement`` from sums of ``full_depth_stats``."""
     out = summarize({k[5:]: v for k, v in sums.items() if k.startswith("full/")}, task, f"{prefix}/full")
     out[f"{prefix}/agreement"] = sums["agree"] / sums["agree_count"].clamp_min(1)
+    if "seconds" in sums and sums["full/seconds"] > 0:  # the timed passes (``xfam eval``)
+        out[f"{prefix}/seconds"], out[f"{prefix}/full/seconds"] = sums["seconds"], sums["full/seconds"]
+        out[f"{prefix}/wall_saved"] = 1 - sums["seconds"] / sums["full/seconds"]
+        if "depth" in sums and sums["layers"] > 0 and sums["depth"] < sums["layers"]:
+            layer_saved = 1 - sums["depth"] / sums["layers"]  # (``compute_saved``)
+            out[f"{prefix}/wall_per_layer_saved"] = out[f"{prefix}/wall_saved"] / layer_saved
     return out
 
 

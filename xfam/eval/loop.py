@@ -42,7 +42,13 @@ from xfam.data.tasks import task_collate
 from xfam.eval.carry import carried_inputs, next_carry
 from xfam.eval.extrapolation import length_problem
 from xfam.eval.forward import forward_batch
-from xfam.eval.inference import compares_full_depth, full_depth_stats, set_exit_options, summarize_full_depth
+from xfam.eval.inference import (
+    clock,
+    compares_full_depth,
+    full_depth_stats,
+    set_exit_options,
+    summarize_full_depth,
+)
 from xfam.eval.metrics import add_stats, batch_stats, summarize
 from xfam.eval.outputs import GeneratedTexts
 from xfam.eval.rollout import task_rollouts
@@ -94,10 +100,12 @@ def split_outputs(
     label: str,
     *,
     rebuilt: bool = False,
+    seconds: list[float] | None = None,
 ) -> Iterator[tuple[dict[str, Tensor], Any]]:
     """``(batch, model output)`` over the first ``limit`` batches of ``split``, with a progress bar; a
     model with memory gets the memory its previous batch wrote (cached evaluation, as in training).
-    ``rebuilt``: ``meta["config"]`` holds other lengths than the run's (``split_loader``)."""
+    ``rebuilt``: ``meta["config"]`` holds other lengths than the run's (``split_loader``); ``seconds``: a list
+    that gets the wall-clock seconds of each batch's forward pass."""
     loader, size = split_loader(meta["config"], meta["data_info"], split, batch_size, rebuilt=rebuilt)
     total = min(len(loader), limit) if limit else len(loader)
     carry = None
@@ -107,7 +115,10 @@ def split_outputs(
             batch, layers, docs = {k: v.to(device) for k, v in batch.items()}, None, None
             if model.uses_memory:
                 batch, layers, docs = carried_inputs(model, batch, carry, meta["data_info"].get("eos_id"))
+            start = clock(device)
             out = forward_batch(model, batch, memory=layers)
+            if seconds is not None:
+                seconds.append(clock(device) - start)
             if model.uses_memory:
                 assert out.memory is not None  # (a memory model returns its new memory)
                 carry = next_carry(out.memory, docs)
@@ -231,12 +242,16 @@ def evaluate_split(
     texts = None
     if info["task"] == "seq2seq":
         texts = GeneratedTexts(info, TaskSpec(**config.get("task", {})), config["data"].get("target_len"))
-    for batch, out in split_outputs(model, meta, split, batch_size, limit, device, "eval", rebuilt=rebuilt):
+    seconds: list[float] = []  # each batch's forward pass (an early-exit model's compared with full depth's)
+    for batch, out in split_outputs(
+        model, meta, split, batch_size, limit, device, "eval", rebuilt=rebuilt, seconds=seconds
+    ):
         add_stats(sums, batch_stats(info["task"], out.logits, batch, token_bytes, out.depth, model.num_layers))
         if texts is not None:  # generated outputs, scored as text (BLEU, chrF, exact match)
             texts.add(model, batch)
         if compare:
-            add_stats(sums, full_depth_stats(model, batch, info["task"], token_bytes, out.logits))
+            timed = seconds[-1] if len(seconds) > 1 else None  # (the first batch warms up)
+            add_stats(sums, full_depth_stats(model, batch, info["task"], token_bytes, out.logits, timed))
         sums["batches"] = sums.get("batches", 0) + 1
     metrics = {k: float(v) for k, v in summarize(sums, info["task"], split).items()}
     if compare:

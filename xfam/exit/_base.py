@@ -9,7 +9,9 @@ layer with a policy's own per-layer classifier), and ``stack.positions [G + S]``
 next-token ids with -100 = none, or ``[B]`` labels, which per-layer classifiers train on) describe the
 call. The policy decides which layers run for which tokens, and returns the final hidden states, the
 auxiliary losses it owns (per-layer losses, exit classifiers, ponder cost) and the per-token depth used.
-A policy that shares one block across steps (ACT) says so with ``blocks_needed``.
+A policy that shares one block across steps (ACT) says so with ``blocks_needed``. The model's stack also has
+``run_layer_rows(step, x, running)``, which early exit uses once tokens have left (``xfam.exit._early``); a
+stack without it (a test double) runs every layer whole.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class EarlyExitPolicy(ExitPolicy):
             return traverse_all(x, stack.run_layer, n)[-1], torch.full(x.shape[:2], n, device=x.device)
         if self.exit_at:
             decide = lambda n, before, after: torch.full(after.shape[:2], n == self.exit_at, device=after.device)
-        return traverse_with_exits(x, stack.run_layer, n, decide, stack.decoding)
+        run_rows = getattr(stack, "run_layer_rows", None)  # (a stack without it runs exited tokens' layers whole)
+        return traverse_with_exits(x, stack.run_layer, n, decide, stack.decoding, run_rows)
 
     @contextlib.contextmanager
     def full_depth(self) -> Iterator[None]:

@@ -24,6 +24,7 @@ from xfam.core.mask import AttnMask
 from xfam.core.state import DecodeState, MemoryState
 from xfam.core.typed import TypedModuleList
 from xfam.memory import Memory
+from xfam.model import propagate
 from xfam.model.attn_options import Carry
 from xfam.model.block import Block
 from xfam.model.cross import CrossSource
@@ -135,6 +136,27 @@ class Stack:
         self._add_aux("attention", block.attn.mechanism.aux_losses())
         if self.new_memory is not None:
             self._write_memory(step, block, h)
+        return torch.cat((carried, out), dim=1) if plan.ride else out
+
+    def run_layer_rows(self, step: int, x: Tensor, running: Tensor) -> Tensor:
+        """Layer ``step`` on ``x [B, G + S, D]`` for the rows ``running [B, G + S]`` only (an early-exit traversal's):
+        the others come back unchanged and leave only their keys and values in the decode state
+        (``xfam.model.propagate``); the whole layer where it cannot run partly."""
+        plan = self.plan
+        if self.memory is not None or bool(running.all()):
+            return self.run_layer(step, x)
+        carried, h = x[:, : plan.ride], x[:, plan.ride :]
+        block: Block = self.blocks[step % len(self.blocks)]
+        ctx = self.context(plan.offset if plan.decoding else 0)
+        h = self._layer_positions(step, h)
+        self.carry.step = step
+        res = propagate.layer_rows(block, h, running[:, plan.ride :], ctx, self._state(step), self.carry, self.source)
+        if res is None:
+            return self.run_layer(step, x)
+        out, state = res
+        if self.states is not None:
+            self.states[step] = state
+        self._add_aux("attention", block.attn.mechanism.aux_losses())
         return torch.cat((carried, out), dim=1) if plan.ride else out
 
     def head(self, x: Tensor, proj: nn.Module | None = None) -> Tensor:
