@@ -104,7 +104,7 @@ def test_a_global_position_after_the_prompt_continues_eagerly(caplog: pytest.Log
 
 REFUSED = {  # model options -> words of the reason
     "memory": ({"memory": {"name": "xl", "mem_len": 4}}, "memory model"),
-    "calm": ({"exit": {"name": "calm"}}, "exit=calm"),
+    "act": ({"exit": {"name": "act"}}, "exit=act"),
     "persistent": ({"num_mem_kv": 2}, "num_mem_kv"),
     "memory-tokens": ({"num_memory_tokens": 2}, "auxiliary tokens"),
     "shift": ({"shift_tokens": 1}, "shift_tokens"),
@@ -130,10 +130,33 @@ def test_what_the_step_cannot_express_is_named(case: str) -> None:
     model = build_model(max_len=32, **options)
     problems = static_problems(model, 32)
     assert any(words in p for p in problems), problems
-    with pytest.raises(ConfigError, match="no fixed-shape decode step") as err:
+    with pytest.raises(ConfigError, match="no compiled fixed-shape decode step") as err:
         fast_decode.choose(model, 1, 4, 8, "compiled")
     assert words in str(err.value) and "decoder=auto" in str(err.value)
     assert fast_decode.choose(model, 1, 4, 8, "auto") == "eager"
+
+
+@pytest.mark.parametrize(
+    "exit",
+    [
+        {"name": "calm", "measure": "saturation", "threshold": 0.85},
+        {"name": "depth_adaptive", "classifier": "geometric", "threshold": 0.5},
+    ],
+    ids=["calm", "depth_adaptive"],
+)
+def test_an_early_exit_model_takes_the_fixed_shape_step_uncompiled(exit: dict) -> None:
+    """Its depth varies per token: one compiled graph cannot follow it, the uncompiled step can. Skipped layers
+    write the exited token's keys and values in place; tokens, depths and logits equal eager decoding's."""
+    model = build_model(pos="rope", layers=4, max_len=64, exit=exit, init_std=0.3)  # (thresholds giving mixed depths)
+    assert fast_decode.choose(model, 2, 5, 30, "auto") == "static"
+    with pytest.raises(ConfigError, match=f"no compiled fixed-shape decode step: exit={exit['name']}"):
+        fast_decode.choose(model, 2, 5, 30, "compiled")
+    prompt = torch.randint(0, V, (2, 5))
+    eager = generate(model, prompt, 30, temperature=0, decoder="eager")
+    static = generate(model, prompt, 30, temperature=0, decoder="static")
+    assert torch.equal(eager.tokens, static.tokens) and torch.equal(eager.depth, static.depth)
+    assert torch.allclose(eager.logits, static.logits, atol=1e-5)
+    assert (static.depth < model.num_layers).any() and (static.depth == model.num_layers).any()  # (mixed depths)
 
 
 def test_a_learned_table_bounds_the_cache() -> None:

@@ -176,5 +176,11 @@ class AttentionMechanism(nn.Module, Component):
         persistent keys or score modifier reach it (the static cache refuses models that need them)."""
         raise NotImplementedError(self.static_problem())
 
+    def static_write(self, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> None:
+        """``decode_step``'s update of ``state`` for a token that does not attend (an early-exited token's copied
+        state, which later tokens read: ``xfam.model.propagate``): its key and value ``[B, Hkv, 1, Dh]`` at ``pos``
+        (``bias``: a distance decay of running sums applies to the update too)."""
+        raise NotImplementedError(self.static_problem())
+
 
 ATTENTION: Registry[AttentionMechanism] = Registry("attention", AttentionMechanism)

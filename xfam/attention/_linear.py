@@ -228,6 +228,10 @@ class KernelAttention(AttentionMechanism):
             state[key].copy_(t)
         return finish(num, den, v)
 
+    def static_write(self, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> None:
+        """The running sums' update alone (the step's output, for a query equal to the key, is dropped)."""
+        self.decode_step(expand_kv(k, state["s"].shape[1]), k, v, state, pos, bias)
+
     # -- validation -------------------------------------------------------------------------------
     @classmethod
     def refusals(cls, params: dict[str, Any], selection: Any) -> list[str]:

@@ -52,10 +52,15 @@ def kv_state(prefix: DecodeState, capacity: int) -> DecodeState:
     return out
 
 
-def kv_step(q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> Tensor:
-    """Write the new key and value ``[B, Hkv, 1, Dh]`` into slot ``pos`` and attend over slots 0..pos."""
+def kv_write(k: Tensor, v: Tensor, state: DecodeState, pos: Tensor) -> None:
+    """Write the new key and value ``[B, Hkv, 1, Dh]`` into slot ``pos``."""
     state["k"].index_copy_(2, pos.view(1), k)
     state["v"].index_copy_(2, pos.view(1), v)
+
+
+def kv_step(q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> Tensor:
+    """Write the new key and value ``[B, Hkv, 1, Dh]`` into slot ``pos`` and attend over slots 0..pos."""
+    kv_write(k, v, state, pos)
     slots = torch.arange(state["k"].shape[2], device=q.device)  # [C]
     return attend_slots(q, state["k"], state["v"], (slots <= pos)[None], pos, slots, bias)
 
@@ -74,6 +79,13 @@ def ring_state(prefix: DecodeState, span: int, global_positions: tuple[int, ...]
     return out
 
 
+def ring_write(k: Tensor, v: Tensor, state: DecodeState, pos: Tensor) -> None:
+    """Write the new key and value into slot ``pos % R`` of the rolling window."""
+    at = (pos % state["k"].shape[2]).view(1)
+    state["k"].index_copy_(2, at, k)
+    state["v"].index_copy_(2, at, v)
+
+
 def ring_step(
     q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None, allowed: Allowed
 ) -> Tensor:
@@ -81,8 +93,7 @@ def ring_step(
     ``allowed`` admits, then the global keys (every query sees them; a global position inside the window
     counts once)."""
     span = state["k"].shape[2]
-    state["k"].index_copy_(2, (pos % span).view(1), k)
-    state["v"].index_copy_(2, (pos % span).view(1), v)
+    ring_write(k, v, state, pos)
     slot = torch.arange(span, device=q.device)
     held = pos - (pos - slot) % span  # [R] the position each slot holds (<= pos, > pos - R)
     visible = (held >= 0) & allowed(pos.view(1, 1), held.view(1, -1))  # [Hp, R]

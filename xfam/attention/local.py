@@ -107,6 +107,9 @@ class Local(SparseMechanism):
     ) -> Tensor:
         return static.ring_step(q, k, v, state, pos, bias, self.pattern.allowed)
 
+    def static_write(self, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> None:
+        static.ring_write(k, v, state, pos)
+
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         max_len, out = ctx.get("max_len"), []

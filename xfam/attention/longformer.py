@@ -149,6 +149,9 @@ class Longformer(SparseMechanism):
         heads = torch.arange(len(self.dilation), device=q.device)[:, None] if len(self.dilation) > 1 else None
         return static.ring_step(q, k, v, state, pos, bias, lambda qp, kp: self.window_pattern.allowed(qp, kp, heads))
 
+    def static_write(self, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> None:
+        (static.kv_write if self.window_pattern.reach is None else static.ring_write)(k, v, state, pos)
+
     @classmethod
     def check(cls, params: dict[str, Any], ctx: Mapping[str, Any]) -> list[str]:
         out = []

@@ -125,6 +125,9 @@ class Vanilla(AttentionMechanism):
         """Dense attention over the key/value cache's slots 0..pos (``xfam.attention._static.kv_step``)."""
         return static.kv_step(q, k, v, state, pos, bias)
 
+    def static_write(self, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> None:
+        static.kv_write(k, v, state, pos)
+
     @classmethod
     def refusals(cls, params: dict, selection: Any) -> list[str]:
         backend, out = params.get("backend"), []

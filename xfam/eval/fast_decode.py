@@ -12,8 +12,10 @@ process. Decoders (``generate(decoder=...)``):
 * ``eager``    -- the incremental call with a growing cache (``CachedStream``), which every model supports;
 * ``auto``     -- ``compiled`` where the model supports it and compiling pays: the step is already compiled
   in this process, or the generation makes at least ``COMPILE_FROM`` new tokens (batch x new tokens;
-  compiling takes seconds, repaid at roughly this many tokens on a CPU); else ``eager``. Logged once with
-  the reason.
+  compiling takes seconds, repaid at roughly this many tokens on a CPU); ``static`` for an early-exit
+  model (its depth varies per token, which one compiled graph cannot follow; the fixed-shape cache still
+  spares the growing cache's copies, and a skipped layer writes its keys and values in place); else
+  ``eager``. Logged once with the reason.
 """
 
 from __future__ import annotations
@@ -60,17 +62,21 @@ def choose(model: XfamModel, batch: int, prompt: int, new: int, decoder: str, *,
     if decoder == "eager":
         return "eager"
     capacity = capacity_for(model, prompt + new)
-    problems = static_problems(model, capacity) + (["kNN-LM reads every step's hidden states"] if knn else [])
-    if problems and decoder != "auto":
+    extra = ["kNN-LM reads every step's hidden states"] if knn else []
+    problems = {c: static_problems(model, capacity, compiled=c) + extra for c in (True, False)}
+    if decoder != "auto" and (mine := problems[decoder == "compiled"]):
         raise ConfigError(
-            f"decoder={decoder}: this model has no fixed-shape decode step: {'; '.join(problems)}. "
-            f"Fix: decoder=auto (eager decoding for such models) or decoder=eager."
+            f"decoder={decoder}: this model has no {'compiled ' if decoder == 'compiled' else ''}fixed-shape decode "
+            f"step: {'; '.join(mine)}. Fix: decoder=auto (it decodes such models as they allow) or decoder=eager."
         )
-    if problems:
-        log_once(f"decoding without the fixed-shape step: {'; '.join(problems)}")
-        return "eager"
     if decoder != "auto":
         return decoder
+    if problems[True] and not problems[False]:  # (an early-exit policy)
+        log_once(f"decoding with the fixed-shape step, not compiled: {'; '.join(problems[True])}")
+        return "static"
+    if problems[True]:
+        log_once(f"decoding without the fixed-shape step: {'; '.join(problems[True])}")
+        return "eager"
     if (id(model), batch, capacity) in _seen or batch * new >= COMPILE_FROM:
         log_once(f"decoding with a compiled fixed-shape step (a cache of {capacity} tokens)")
         return "compiled"
@@ -114,8 +120,10 @@ class StaticStream:
             raise ValueError("a fixed-shape stream grows by one token per call")
         self.seen = tokens.shape[1]
         self.token.copy_(tokens[:, -1:])  # (one input of fixed strides and address: no recompiles, CUDA graphs)
+        if not self.compiled:  # (the whole output: an early exit's depths too)
+            return self.model(self.token, cache=self.cache)
         key = (id(self.model), tokens.shape[0], self.capacity)
-        if not self.compiled or key in _seen:
+        if key in _seen:
             return ModelOutput(logits=self.step(self.model, self.token, self.cache)[:, None], aux={})
         log.info("compiling the decode step (once per model, batch and cache size in this process)")
         start = time.perf_counter()

@@ -96,3 +96,7 @@ class HeadGroups(AttentionMechanism):
             part = bias and bias.select_heads(a, b)
             outs.append(member.decode_step(q[:, a:b], self._kv(k, a, b), self._kv(v, a, b), st, pos, part))
         return torch.cat(outs, dim=1)  # [B, H, 1, Dh]
+
+    def static_write(self, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> None:
+        for (member, a, b), st in zip(self._slices(), state["groups"], strict=True):
+            member.static_write(self._kv(k, a, b), self._kv(v, a, b), st, pos, bias and bias.select_heads(a, b))

@@ -10,6 +10,9 @@ FFN at the exited token are never read (the token's output is its state at the e
   key/value projection, QK-norm, rotation, then ``AttentionMechanism.propagate``: the key/value cache appends them).
   At batch 1 an exited token costs one key/value projection per later layer. The running rows attend over the
   updated state (``decode_propagated``), so the cache grows once per layer for the whole batch.
+* **a fixed-shape step** (``StaticCache``, one new token per row, the state preallocated): when every row has exited,
+  its key and value are written into the state in place (``AttentionMechanism.static_write``); else every row
+  attends through ``decode_step`` and the FFN runs for the running rows only.
 * **several rows per call** (a prompt, ``xfam eval``'s whole sequences): later tokens of the same call attend to an
   exited token's keys and values, so the layer's attention runs for every row, as before; the FFN sublayers after
   it (and the residual additions) run on the running rows only, gathered and scattered back.
@@ -86,7 +89,11 @@ def layer_rows(
     if problems := full_layer_problems(block, carry):
         log_once(f"early exit: exited tokens run the whole layer: {'; '.join(problems)}")
         return None
-    if ctx.decoding and ctx.step is None and h.shape[1] == 1:
+    if ctx.step is not None:  # a fixed-shape step: every row exited writes its key and value in place, else all attend
+        if not bool(running.any()):
+            return _write_rows(block, h, ctx, state, carry)
+        return _attend_all(block, h, running, ctx, state, carry, source)
+    if ctx.decoding and h.shape[1] == 1:
         if not (problems := kv_only_problems(block)):
             run = running[:, 0]
             r = int(run.sum())
@@ -151,6 +158,18 @@ def _decode_rows(
     out = _attention_output(attn, o, a_run)  # [R, 1, D]
     x_run = block.link_attn(x.index_select(0, rows), lambda _a: out, block.norm1)
     return h.index_copy(0, rows, _after(block, x_run)), new_state
+
+
+def _write_rows(
+    block: Block, h: Tensor, ctx: LayerContext, state: DecodeState | None, carry: Carry | None
+) -> tuple[Tensor, DecodeState]:
+    """Every row of a fixed-shape step ``h [B, 1, D]`` has exited: its key and value into the state, in place."""
+    assert state is not None and ctx.step is not None  # (a StaticCache holds every layer's)
+    x = _before(block, h)
+    a = block.norm1(x) if block.link_attn.position in ("pre", "sandwich") else x  # the attention's input [B, 1, D]
+    k, v = keys_values(block.attn, a, ctx, carry)
+    block.attn.mechanism.static_write(k, v, state, ctx.step, ctx.bias)
+    return h, state
 
 
 def keys_values(attn: SelfAttention, a: Tensor, ctx: LayerContext, carry: Carry | None) -> tuple[Tensor, Tensor]:

@@ -22,13 +22,15 @@ class NoStaticStep(Exception):
     """A mechanism cannot continue this prompt's decode state in fixed shape (the message says why)."""
 
 
-def static_problems(model: Any, capacity: int) -> list[str]:
-    """Why ``model`` (an ``XfamModel``) cannot decode ``capacity`` tokens in all through a fixed-shape step
-    (empty: it can)."""
+def static_problems(model: Any, capacity: int, compiled: bool = True) -> list[str]:
+    """Why ``model`` (an ``XfamModel``) cannot decode ``capacity`` tokens in all through a fixed-shape step,
+    ``compiled`` or not (empty: it can). An early-exit policy decides each token's depth as it runs, which
+    the uncompiled step follows (its skipped layers write the token's keys and values in place,
+    ``xfam.model.propagate``) and one compiled graph cannot."""
     spec, out = model.spec, []
     if model.uses_memory:
         out.append("a memory model decodes segment by segment, each segment's cache starting from a new memory")
-    if not model.exit.full_stack:
+    if not model.exit.full_stack and (compiled or not model.exit.early_exit):
         out.append(f"exit={model.exit.registry_name} chooses each token's layers as it runs")
     if model.aux_tokens:
         out.append("auxiliary tokens (model.num_memory_tokens, or ETC's global tokens) ride along every call")
