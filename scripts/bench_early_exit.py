@@ -8,8 +8,9 @@ bytes, 4 per batch, 400 steps; ``experiment=early_exit`` with ``exit=calm`` and 
 geometric exit classifier) are trained, or reused from ``--runs``. Each threshold is calibrated with Learn-then-Test
 (``xfam calibrate``'s method: the share of an example's predictions that disagree with the full model, bounded by
 ``--delta`` with probability 1 - ``--epsilon``) on the validation split. Then, on prompts of 256 bytes of the test
-split, greedy decoding of 256 new tokens (``generate(decoder="eager")``: an early-exit model decodes with the
-growing cache) at batch 1 and 8, for three systems, alternating for ``--rounds`` rounds after a warm-up each, medians:
+split, greedy decoding of 256 new tokens (``generate(decoder="static")``, what ``generate`` picks for an early-exit
+model: the fixed-shape cache, uncompiled; ``--decoder eager``: the growing cache) at batch 1 and 8, for three
+systems, alternating for ``--rounds`` rounds after a warm-up each, medians:
 
 * ``full``  -- the same model at full depth (``model.exit.full_depth()``);
 * ``early`` -- early exit with state propagation (what ``generate`` runs);
@@ -88,11 +89,15 @@ def whole_layers() -> Iterator[None]:
 
 
 @torch.no_grad()
-def measure(model: Any, prompt: Tensor, new_tokens: int, rounds: int = 3, whole: bool = True) -> dict[str, Any]:
+def measure(
+    model: Any, prompt: Tensor, new_tokens: int, rounds: int = 3, whole: bool = True, decoder: str = "static"
+) -> dict[str, Any]:
     """Greedy generation of ``new_tokens`` after ``prompt [B, T]`` by an early-exit ``model`` (``exit=calm`` or
     ``depth_adaptive``, at its current inference options) against the same model at full depth (and, with
-    ``whole``, early exit whose exited tokens run every later layer whole), eager decoding, alternating for
-    ``rounds`` rounds after one warm-up call each; median seconds per call.
+    ``whole``, early exit whose exited tokens run every later layer whole), every system with ``decoder``
+    (``static``, what ``generate`` picks for an early-exit model: the fixed-shape cache, uncompiled; or
+    ``eager``: the growing cache), alternating for ``rounds`` rounds after one warm-up call each; median
+    seconds per call.
 
     Returns ``batch``, ``prompt``, ``new``, ``seconds`` and ``tokens_per_s`` per system (``full``, ``early``,
     ``whole``), ``layers_saved`` (1 - mean depth / layers of the generated tokens), ``wall_saved`` (1 - early /
@@ -101,11 +106,11 @@ def measure(model: Any, prompt: Tensor, new_tokens: int, rounds: int = 3, whole:
     model.eval()
 
     def early() -> Any:
-        return generate(model, prompt, new_tokens, temperature=0, decoder="eager")
+        return generate(model, prompt, new_tokens, temperature=0, decoder=decoder)
 
     def full() -> Any:
         with model.exit.full_depth():
-            return generate(model, prompt, new_tokens, temperature=0, decoder="eager")
+            return generate(model, prompt, new_tokens, temperature=0, decoder=decoder)
 
     def old() -> Any:
         with whole_layers():
@@ -191,7 +196,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"`{meta['command']}`. Models: width 256, 6 layers, 4 heads, rotary positions, byte-level, 400 steps on the "
         f"embedded corpus; threshold by Learn-then-Test on {results[0]['calibration']['examples']} validation rows "
         f"(delta {results[0]['calibration']['delta']}, epsilon {results[0]['calibration']['epsilon']}); greedy, "
-        f"prompt {results[0]['prompt']} bytes, {results[0]['new']} new tokens, eager decoding, medians of "
+        f"prompt {results[0]['prompt']} bytes, {results[0]['new']} new tokens, decoder={meta['decoder']}, medians of "
         f"{meta['rounds']} alternating rounds.",
         "",
         "| model | threshold | batch | layers saved | full tok/s | early exit tok/s | whole layers tok/s "
@@ -218,6 +223,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="one round, batch 1, 32 new tokens; no docs")
+    parser.add_argument("--decoder", choices=["static", "eager"], default="static", help="generate's decoder")
     parser.add_argument("--out", default=None, help="also write the raw results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -228,7 +234,7 @@ def main() -> None:
         cal = calibrate(model, meta, args.delta, args.epsilon, 2 if args.quick else args.calib_batches)
         print(name, "threshold", cal["threshold"], "risk", cal["risk"], "depth", cal["depth"], flush=True)
         for b in batch_sizes:
-            r = measure(model, prompts(meta, b, 256), new, rounds)
+            r = measure(model, prompts(meta, b, 256), new, rounds, decoder=args.decoder)
             results.append({"model": name, "calibration": cal, **r})
             print(json.dumps({k: v for k, v in results[-1].items() if k != "calibration"}), flush=True)
     cpu = next(
@@ -241,6 +247,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": args.threads,
         "rounds": rounds,
+        "decoder": args.decoder,
         "command": " ".join(["python scripts/bench_early_exit.py", *sys.argv[1:]]),
     }
     if args.out:

@@ -11,8 +11,10 @@ random weights; greedy decoding of 256 new tokens after a prompt of 256 or 2048 
 * ``alibi``     -- dense attention, ALiBi (x-transformers: ``alibi_pos_bias=True``);
 * ``local``     -- a sliding window of 256 keys, rotary (its decode state a rolling window; no x-transformers peer);
 * ``performer`` -- FAVOR+ running sums, rotary (no x-transformers peer);
-* ``early_exit`` -- CALM at the threshold its layer saving is measured with (``scripts/bench_early_exit.py``), the
-  eager path (a token's depth varies; ``exit=calm`` has no fixed-shape step), against the same model at full depth.
+* early exit -- the trained CALM and Depth-Adaptive models of ``scripts/bench_early_exit.py`` (width 256, 6 layers,
+  thresholds calibrated with Learn-then-Test), decoded with the uncompiled fixed-shape step that ``generate`` picks
+  for them (a token's depth varies, which one compiled graph cannot follow), against the same models at full
+  depth: the wall-clock saving beside the layer saving (``--early-exit``, or ``--runs`` to reuse the models).
 
 Protocol: one process; for each (model, batch, prompt) the systems alternate for ``--rounds`` rounds after a warm-up
 call each (the compiled step compiles in its warm-up, timed apart); medians. new tokens/s = batch x 256 / wall time
@@ -190,6 +192,40 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def early_exit_rows(runs: Path, rounds: int, new: int, batches: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The early-exit models' wall-clock and layer savings (``bench_early_exit.measure``), trained or reused."""
+    import bench_early_exit as ee
+
+    from xfam.model.checkpoint import load_model
+
+    rows = []
+    for name in ee.MODELS:
+        model, meta = load_model(ee.train(runs, name))
+        cal = ee.calibrate(model, meta, 0.1, 0.05, 32)
+        for batch in batches:
+            r = ee.measure(model, ee.prompts(meta, batch, 256), new, rounds, whole=False)
+            rows.append({"model": name, "threshold": cal["threshold"], **r})
+            print(f"    {name} batch {batch}: {r['tokens_per_s']}, layers saved {r['layers_saved']:.1%}", flush=True)
+    return rows
+
+
+def render_early_exit(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "Early exit (trained byte-level models, width 256, 6 layers; the uncompiled fixed-shape step):",
+        "",
+        "| model | threshold | batch | full depth tok/s | early exit tok/s | layers saved | wall-clock saved "
+        "| wall / layers saved |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t, ratio = r["tokens_per_s"], "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(
+            f"| {r['model']} | {r['threshold']} | {r['batch']} | {t['full']:,.0f} | {t['early']:,.0f} "
+            f"| {r['layers_saved']:.1%} | {r['wall_saved']:.1%} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
 def render_png(data: dict[str, Any], path: Path) -> None:
     """New tokens/s of every system per case (log scale), the roofline as a dash over each case."""
     import matplotlib
@@ -229,6 +265,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per system and case (default 3)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="models to run")
     p.add_argument("--json", type=Path, help="also write the raw results here")
+    p.add_argument("--no-early-exit", action="store_true", help="skip the early-exit models (they train first)")
+    p.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench_early_exit", help="early-exit models' runs")
     p.add_argument("--no-docs", action="store_true", help="do not write docs/decoding.md")
     args = p.parse_args()
     torch.set_num_threads(2)
@@ -248,10 +286,11 @@ def main() -> None:
         "command": "python scripts/bench_generate.py" + (" --quick" if args.quick else ""),
         "cases": cases,
         "rates": machine_rates([c["step_bytes"] for c in cases]),
+        "early_exit": [] if args.quick or args.no_early_exit else early_exit_rows(args.runs, rounds, new, (1, 8)),
     }
     if args.json:
         args.json.write_text(json.dumps(data, indent=1))
-    table = render(data)
+    table = render(data) + (f"\n\n{render_early_exit(data['early_exit'])}" if data["early_exit"] else "")
     print(table)
     if not args.no_docs:
         render_png(data, ROOT / "docs" / "decoding.png")
