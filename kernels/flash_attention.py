@@ -59,7 +59,6 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import runtime
 
@@ -765,61 +764,160 @@ def prepare_layout(
     return BlockLayout(idx, ok.contiguous(), n_whole, i32(start), i32(mid), i32(flat), shape)
 
 
-class _FlashAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, table, span, ex: _Extras):  # noqa: ANN001, ANN205
-        bsz, h, s_q, _ = q.shape
-        feat = _feature_args(q, k, table, span, ex)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [B, H, Sq, Dh]
-        lse = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)  # log2 domain, inf: no key
-        _run(
-            _fwd_kernel, "fwd", q, ex, s_q, bsz * h, q, k, v, out, lse,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), **feat, MAY_BE_EMPTY=ex.may_be_empty(span),
-        )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, lse, table, span)
-        ctx.ex = ex
-        return out
+# Custom operators (not an autograd.Function), so that torch.compile keeps a model that calls the kernels in one
+# graph: dynamo records each op as it is, inductor calls it, the fakes give the outputs' shapes. An operator takes
+# tensors and scalars only, so the call's ``_Extras`` travel flattened (``_flat``) and are rebuilt inside
+# (``_unflat``); an absent gradient comes back as an empty tensor and is mapped to None.
+def _flat(ex: _Extras) -> tuple:
+    lay = ex.layout
+    layout = (None,) * 6 if lay is None else (lay.idx, lay.ok, lay.n_whole, lay.k_start, lay.k_whole, lay.k_flat)
+    tensors = (ex.key_padding, ex.segments, ex.alibi_slopes, ex.bias_buckets, *layout)
+    return *tensors, ex.causal, ex.window, float(ex.span_ramp), ex.block, float(ex.scale)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
-        q, k, v, out, lse, table, span = ctx.saved_tensors
-        ex: _Extras = ctx.ex
-        bsz, h, s_q, dh = q.shape
-        h_kv, s_k = k.shape[1], k.shape[2]
-        do = grad_out.contiguous()  # [B, H, Sq, Dh]; dq shares its strides
-        feat = _feature_args(q, k, table, span, ex)
-        if feat["F32"]:  # the dq kernel reads rowsum(dO * O); otherwise it writes it
-            delta = (do.float() * out.float()).sum(-1)  # [B, H, Sq]
-        else:
-            delta = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)
-        table_grad = table is not None and ctx.needs_input_grad[3]
-        span_grad = span is not None and ctx.needs_input_grad[4]
-        dq = torch.empty_like(do)
-        dtable = torch.zeros(bsz, h, table.shape[0], dtype=torch.float32, device=q.device) if table_grad else None
-        dspan = torch.zeros(bsz * h, dtype=torch.float32, device=q.device) if span_grad else None
-        _run(
-            _dq_kernel, "dq", q, ex, s_q, bsz * h, q, k, v, out, do, dq, lse, delta, dtable, dspan,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *do.stride(),
-            NB=0 if table is None else table.shape[0], TABLE_GRAD=table_grad, SPAN_GRAD=span_grad, **feat,
-        )  # fmt: skip
 
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [B, Hkv, Sk, Dh]
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        lay = ex.layout
-        start, whole, flat = (None, None, None) if lay is None else (lay.k_start, lay.k_whole, lay.k_flat)
-        _run(
-            _dkdv_kernel, "dkdv", q, ex, s_k, bsz * h_kv, q, k, v, do, dk, dv, lse, delta, start, whole, flat,
-            0 if start is None else start.stride(0), 0 if flat is None else flat.stride(0),
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), **feat,
-        )  # fmt: skip
-        if ex.may_be_empty(span):  # a query that saw no key copied its own value row
-            alone = torch.isinf(lse)[..., None]  # [B, H, Sq, 1]
-            own = (do * alone).view(bsz, h_kv, h // h_kv, s_q, dh).sum(2)  # [B, Hkv, Sq, Dh]
-            dv[:, :, s_k - s_q :] += own.to(dv.dtype)
-        d_table = None if dtable is None else dtable.sum(0).t().to(table.dtype)  # [NB, H]
-        d_span = None if dspan is None else dspan.view(bsz, h).sum(0).to(span.dtype)  # [H]
-        return dq, dk, dv, d_table, d_span, None
+def _unflat(q: Tensor, k: Tensor, flat: tuple) -> _Extras:
+    kp, seg, slopes, buckets, *rest = flat
+    layout, (causal, window, span_ramp, block, scale) = rest[:6], rest[6:]
+    lay = None
+    if layout[0] is not None:
+        lay = BlockLayout(*layout, shape=(block, q.shape[2], k.shape[2], causal, window))  # type: ignore[misc]
+    return _Extras(causal, window, kp, seg, slopes, buckets, span_ramp, lay, block, scale)
+
+
+@torch.library.custom_op("xfam::flash_attention", mutates_args=())
+def _forward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    span: Tensor | None,
+    key_padding: Tensor | None,
+    segments: Tensor | None,
+    alibi_slopes: Tensor | None,
+    bias_buckets: Tensor | None,
+    l_idx: Tensor | None,
+    l_ok: Tensor | None,
+    l_n_whole: Tensor | None,
+    l_k_start: Tensor | None,
+    l_k_whole: Tensor | None,
+    l_k_flat: Tensor | None,
+    causal: bool,
+    window: int | None,
+    span_ramp: float,
+    block: int,
+    scale: float,
+) -> tuple[Tensor, Tensor]:
+    """(out ``[B, H, Sq, Dh]``, the rows' log-sum-exp ``[B, H, Sq]`` fp32, log2 domain, inf: no key)."""
+    flat = (key_padding, segments, alibi_slopes, bias_buckets, l_idx, l_ok, l_n_whole, l_k_start, l_k_whole, l_k_flat)
+    ex = _unflat(q, k, (*flat, causal, window, span_ramp, block, scale))
+    bsz, h, s_q, _ = q.shape
+    feat = _feature_args(q, k, table, span, ex)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [B, H, Sq, Dh]
+    lse = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)  # log2 domain, inf: no key
+    _run(
+        _fwd_kernel, "fwd", q, ex, s_q, bsz * h, q, k, v, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), **feat, MAY_BE_EMPTY=ex.may_be_empty(span),
+    )  # fmt: skip
+    return out, lse
+
+
+@_forward_op.register_fake
+def _(q, k, v, table, span, *extras):  # noqa: ANN001, ANN002, ANN202
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("xfam::flash_attention_backward", mutates_args=())
+def _backward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+    table: Tensor | None,
+    span: Tensor | None,
+    table_grad: bool,
+    span_grad: bool,
+    key_padding: Tensor | None,
+    segments: Tensor | None,
+    alibi_slopes: Tensor | None,
+    bias_buckets: Tensor | None,
+    l_idx: Tensor | None,
+    l_ok: Tensor | None,
+    l_n_whole: Tensor | None,
+    l_k_start: Tensor | None,
+    l_k_whole: Tensor | None,
+    l_k_flat: Tensor | None,
+    causal: bool,
+    window: int | None,
+    span_ramp: float,
+    block: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d table ``[NB, H]``, d span ``[H]``); the last two empty unless asked for."""
+    flat = (key_padding, segments, alibi_slopes, bias_buckets, l_idx, l_ok, l_n_whole, l_k_start, l_k_whole, l_k_flat)
+    ex = _unflat(q, k, (*flat, causal, window, span_ramp, block, scale))
+    bsz, h, s_q, dh = q.shape
+    h_kv, s_k = k.shape[1], k.shape[2]
+    do = grad_out.contiguous()  # [B, H, Sq, Dh]; dq shares its strides
+    feat = _feature_args(q, k, table, span, ex)
+    if feat["F32"]:  # the dq kernel reads rowsum(dO * O); otherwise it writes it
+        delta = (do.float() * out.float()).sum(-1)  # [B, H, Sq]
+    else:
+        delta = torch.empty(bsz, h, s_q, dtype=torch.float32, device=q.device)
+    table_grad, span_grad = table is not None and table_grad, span is not None and span_grad
+    dq = torch.empty_like(do)
+    dtable = torch.zeros(bsz, h, table.shape[0], dtype=torch.float32, device=q.device) if table_grad else None
+    dspan = torch.zeros(bsz * h, dtype=torch.float32, device=q.device) if span_grad else None
+    _run(
+        _dq_kernel, "dq", q, ex, s_q, bsz * h, q, k, v, out, do, dq, lse, delta, dtable, dspan,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *do.stride(),
+        NB=0 if table is None else table.shape[0], TABLE_GRAD=table_grad, SPAN_GRAD=span_grad, **feat,
+    )  # fmt: skip
+
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [B, Hkv, Sk, Dh]
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    lay = ex.layout
+    start, whole, flat_k = (None, None, None) if lay is None else (lay.k_start, lay.k_whole, lay.k_flat)
+    _run(
+        _dkdv_kernel, "dkdv", q, ex, s_k, bsz * h_kv, q, k, v, do, dk, dv, lse, delta, start, whole, flat_k,
+        0 if start is None else start.stride(0), 0 if flat_k is None else flat_k.stride(0),
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), **feat,
+    )  # fmt: skip
+    if ex.may_be_empty(span):  # a query that saw no key copied its own value row
+        alone = torch.isinf(lse)[..., None]  # [B, H, Sq, 1]
+        own = (do * alone).view(bsz, h_kv, h // h_kv, s_q, dh).sum(2)  # [B, Hkv, Sq, Dh]
+        dv[:, :, s_k - s_q :] += own.to(dv.dtype)
+    d_table = q.new_empty(0) if dtable is None else dtable.sum(0).t().to(table.dtype)  # [NB, H]
+    d_span = q.new_empty(0) if dspan is None else dspan.view(bsz, h).sum(0).to(span.dtype)  # [H]
+    return dq, dk, dv, d_table, d_span
+
+
+@_backward_op.register_fake
+def _(q, k, v, out, lse, grad_out, table, span, table_grad, span_grad, *extras):  # noqa: ANN001, ANN002, ANN202
+    d_table = table.new_empty(table.shape) if table is not None and table_grad else q.new_empty(0)
+    d_span = span.new_empty(span.shape) if span is not None and span_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_table, d_span
+
+
+def _setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    q, k, v, table, span, *extras = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], table, span, *extras[:10])
+    ctx.scalars = tuple(extras[10:])
+
+
+def _backward(ctx, grad_out, _grad_lse):  # noqa: ANN001, ANN202
+    q, k, v, out, lse, table, span, *tensors = ctx.saved_tensors
+    wants = ctx.needs_input_grad
+    table_grad, span_grad = table is not None and wants[3], span is not None and wants[4]
+    dq, dk, dv, d_table, d_span = _backward_op(
+        q, k, v, out, lse, grad_out, table, span, table_grad, span_grad, *tensors, *ctx.scalars
+    )
+    grads = (dq, dk, dv, d_table if table_grad else None, d_span if span_grad else None)
+    return *grads, *(None,) * (len(ctx.needs_input_grad) - 5)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup)
 
 
 # -- public API -------------------------------------------------------------------------------------------
@@ -949,7 +1047,7 @@ def flash_attention(
         block=block,
         scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
     )
-    return _FlashAttention.apply(q, k, v, bias_table, contiguous(span), ex)
+    return _forward_op(q, k, v, bias_table, contiguous(span), *_flat(ex))[0]
 
 
 # -- reference --------------------------------------------------------------------------------------------

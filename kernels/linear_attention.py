@@ -1,5 +1,8 @@
 """Chunked causal linear attention with per-position decays, forward and backward (Triton).
 
+One file over 400 lines: the three kernels, their launch code (tiles, the custom operators torch.compile sees)
+and the reference are read and changed together, and the compile report names the kernels by this module.
+
 Causal kernelised attention (Katharopoulos et al., 2020, "Transformers are RNNs", arXiv:2006.16236) is
 the recurrence S_t = a_t S_{t-1} + w_t k_t v_t^T, out_t = q_t S_t over feature maps q, k ``[T, m]``;
 with A_t = sum_{u <= t} log a_u and lw_t = log w_t:
@@ -35,7 +38,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from xfam.kernels import runtime
 
@@ -237,62 +239,122 @@ def _every(c: int) -> int:
     return max(1, 64 // c)
 
 
-class _CausalLinearAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, ld, lw, s0, chunk):  # noqa: ANN001, ANN205
-        b, h, t, m = q.shape
-        dv = v.shape[-1]
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        ld, lw, s0 = (None if x is None else x.contiguous() for x in (ld, lw, s0))
-        c, bm, bdv, warps, stages = _tiles(t, m, dv, chunk)
-        n, every = triton.cdiv(t, c), _every(c)
-        ns = triton.cdiv(n, every)  # kept states, besides S_T
-        fp32 = torch.float32 in (q.dtype, k.dtype, v.dtype)
-        prec = "tf32x3" if fp32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
-        out = torch.empty_like(v)  # [B, H, T, Dv]
-        states = torch.empty(b * h, ns + 1, m, dv, device=v.device, dtype=torch.float32)
-        _fwd_kernel[(b * h, triton.cdiv(dv, bdv))](
-            q, k, v, q if ld is None else ld, q if lw is None else lw, q if s0 is None else s0, out, states,
-            t, m, dv, n, ns, C=c, BM=bm, BDV=bdv, PREC=prec, EVERY=every,
-            HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_S0=s0 is not None, RESET=RESET,
-            num_warps=warps, num_stages=stages,
-        )  # fmt: skip
-        ctx.save_for_backward(q, k, v, ld, lw, s0, states)
-        ctx.meta = (c, n, ns, every, bm, bdv, prec, warps, stages)
-        return out, states[:, ns].reshape(b, h, m, dv).clone()
+# Custom operators (not an autograd.Function), so that torch.compile keeps a model that calls the kernels in one
+# graph: dynamo records each op as it is, inductor calls it, the fakes give the outputs' shapes. An absent
+# optional gradient comes back as an empty tensor (an operator returns tensors only) and is mapped to None.
+def _states_len(t: int, m: int, dv: int, chunk: int) -> int:
+    """Chunk-start states the forward keeps, S_T included (``ns + 1``)."""
+    c = _tiles(t, m, dv, chunk)[0]
+    return triton.cdiv(triton.cdiv(t, c), _every(c)) + 1
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_out, d_last):  # noqa: ANN001, ANN205
-        q, k, v, ld, lw, s0, states = ctx.saved_tensors
-        c, n, ns, every, bm, bdv, prec, warps, stages = ctx.meta
-        b, h, t, m = q.shape
-        dv, bh = v.shape[-1], b * h
-        ndv = triton.cdiv(dv, bdv)
-        d_out = torch.zeros_like(v) if d_out is None else d_out.contiguous()
-        f32 = {"device": q.device, "dtype": torch.float32}
-        dq_part, dk_part = torch.empty(ndv, bh, t, m, **f32), torch.empty(ndv, bh, t, m, **f32)
-        sg_part, d_s0 = torch.empty(ndv, bh, n, **f32), torch.empty(b, h, m, dv, **f32)
-        d_v = torch.empty_like(v)
-        _bwd_kernel[(bh, ndv)](
-            q, k, v, q if ld is None else ld, q if lw is None else lw, states, d_out,
-            q if d_last is None else d_last.contiguous(), dq_part, dk_part, d_v, sg_part, d_s0,
-            t, m, dv, n, ns, bh, C=c, BM=bm, BDV=bdv, PREC=prec, EVERY=every,
-            HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_DST=d_last is not None, RESET=RESET,
-            num_warps=warps, num_stages=stages,
-        )  # fmt: skip
-        d_q, d_k = torch.empty_like(q), torch.empty_like(k)
-        d_ld = None if ld is None else torch.empty_like(ld)
-        d_lw = None if lw is None else torch.empty_like(lw)
-        if n == 0:  # T = 0: nothing to finish
-            return d_q, d_k, d_v, d_ld, d_lw, None if s0 is None else d_s0.to(s0.dtype), None
+
+@torch.library.custom_op("xfam::causal_linear_attention", mutates_args=())
+def _forward_op(
+    q: Tensor, k: Tensor, v: Tensor, ld: Tensor | None, lw: Tensor | None, s0: Tensor | None, chunk: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(out ``[B, H, T, Dv]``, S_T ``[B, H, m, Dv]`` fp32, the kept states ``[B*H, ns + 1, m, Dv]`` fp32)."""
+    b, h, t, m = q.shape
+    dv = v.shape[-1]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    ld, lw, s0 = (None if x is None else x.contiguous() for x in (ld, lw, s0))
+    c, bm, bdv, warps, stages = _tiles(t, m, dv, chunk)
+    n, every = triton.cdiv(t, c), _every(c)
+    ns = triton.cdiv(n, every)  # kept states, besides S_T
+    out = torch.empty_like(v)  # [B, H, T, Dv]
+    states = torch.empty(b * h, ns + 1, m, dv, device=v.device, dtype=torch.float32)
+    _fwd_kernel[(b * h, triton.cdiv(dv, bdv))](
+        q, k, v, q if ld is None else ld, q if lw is None else lw, q if s0 is None else s0, out, states,
+        t, m, dv, n, ns, C=c, BM=bm, BDV=bdv, PREC=_precision(q, k, v), EVERY=every,
+        HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_S0=s0 is not None, RESET=RESET,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out, states[:, ns].reshape(b, h, m, dv).clone(), states
+
+
+@_forward_op.register_fake
+def _(q, k, v, ld, lw, s0, chunk):  # noqa: ANN001, ANN202
+    b, h, t, m = q.shape
+    dv = v.shape[-1]
+    kept = _states_len(t, m, dv, chunk) if isinstance(t, int) else torch.library.get_ctx().new_dynamic_size()
+    f32 = {"dtype": torch.float32}
+    return v.new_empty(v.shape), v.new_empty((b, h, m, dv), **f32), v.new_empty((b * h, kept, m, dv), **f32)
+
+
+def _precision(q: Tensor, k: Tensor, v: Tensor) -> str:
+    fp32 = torch.float32 in (q.dtype, k.dtype, v.dtype)
+    return "tf32x3" if fp32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+
+
+@torch.library.custom_op("xfam::causal_linear_attention_backward", mutates_args=())
+def _backward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ld: Tensor | None,
+    lw: Tensor | None,
+    s0: Tensor | None,
+    states: Tensor,
+    d_out: Tensor,
+    d_last: Tensor | None,
+    chunk: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d log_decay, d key_logscale, d state); the last three empty where that input is None."""
+    b, h, t, m = q.shape
+    dv, bh = v.shape[-1], b * h
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    ld, lw, s0 = (None if x is None else x.contiguous() for x in (ld, lw, s0))
+    c, bm, bdv, warps, stages = _tiles(t, m, dv, chunk)
+    n, every = triton.cdiv(t, c), _every(c)
+    ns = triton.cdiv(n, every)
+    ndv = triton.cdiv(dv, bdv)
+    d_out = d_out.contiguous()
+    f32 = {"device": q.device, "dtype": torch.float32}
+    dq_part, dk_part = torch.empty(ndv, bh, t, m, **f32), torch.empty(ndv, bh, t, m, **f32)
+    sg_part, d_s0 = torch.empty(ndv, bh, n, **f32), torch.empty(b, h, m, dv, **f32)
+    d_v = torch.empty_like(v)
+    _bwd_kernel[(bh, ndv)](
+        q, k, v, q if ld is None else ld, q if lw is None else lw, states, d_out,
+        q if d_last is None else d_last.contiguous(), dq_part, dk_part, d_v, sg_part, d_s0,
+        t, m, dv, n, ns, bh, C=c, BM=bm, BDV=bdv, PREC=_precision(q, k, v), EVERY=every,
+        HAS_LD=ld is not None, HAS_LW=lw is not None, HAS_DST=d_last is not None, RESET=RESET,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    d_q, d_k = torch.empty_like(q), torch.empty_like(k)
+    d_ld = q.new_empty(0) if ld is None else torch.empty_like(ld)
+    d_lw = q.new_empty(0) if lw is None else torch.empty_like(lw)
+    d_s0 = q.new_empty(0) if s0 is None else d_s0.to(s0.dtype)
+    if n > 0:  # (T = 0: nothing to finish)
         _bwd_finish_kernel[(bh, n)](
             q, k, q if ld is None else ld, q if lw is None else lw, dq_part, dk_part, sg_part,
-            d_q, d_k, q if d_ld is None else d_ld, q if d_lw is None else d_lw,
+            d_q, d_k, q if ld is None else d_ld, q if lw is None else d_lw,
             t, m, n, bh, ndv, C=c, BM=bm, HAS_LD=ld is not None, HAS_LW=lw is not None, RESET=RESET,
         )  # fmt: skip
-        d_s0 = None if s0 is None else d_s0.to(s0.dtype)
-        return d_q, d_k, d_v, d_ld, d_lw, d_s0, None
+    return d_q, d_k, d_v, d_ld, d_lw, d_s0
+
+
+@_backward_op.register_fake
+def _(q, k, v, ld, lw, s0, states, d_out, d_last, chunk):  # noqa: ANN001, ANN202
+    def like(x: Tensor | None, dtype: torch.dtype | None = None) -> Tensor:
+        return q.new_empty(0) if x is None else x.new_empty(x.shape, dtype=dtype or x.dtype)
+
+    return like(q), like(k), like(v), like(ld), like(lw), like(s0)
+
+
+def _setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    q, k, v, ld, lw, s0, chunk = inputs
+    ctx.save_for_backward(q, k, v, ld, lw, s0, output[2])
+    ctx.chunk, ctx.has = chunk, (ld is not None, lw is not None, s0 is not None)
+
+
+def _backward(ctx, d_out, d_last, _d_states):  # noqa: ANN001, ANN202
+    q, k, v, ld, lw, s0, states = ctx.saved_tensors
+    d_out = torch.zeros_like(v) if d_out is None else d_out
+    d_q, d_k, d_v, d_ld, d_lw, d_s0 = _backward_op(q, k, v, ld, lw, s0, states, d_out, d_last, ctx.chunk)
+    d_ld, d_lw, d_s0 = (g if has else None for g, has in zip((d_ld, d_lw, d_s0), ctx.has, strict=True))
+    return d_q, d_k, d_v, d_ld, d_lw, d_s0, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup)
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, ld: Tensor | None, lw: Tensor | None, s0: Tensor | None, chunk: int):
@@ -339,7 +401,8 @@ def causal_linear_attention(
     b, h, t, _ = q.shape
     ld = None if log_decay is None else log_decay.broadcast_to(b, h, t)  # autograd sums the broadcast back
     lw = None if key_logscale is None else key_logscale.broadcast_to(b, h, t)
-    return _CausalLinearAttention.apply(q, k, v, ld, lw, state, chunk)
+    out, last, _ = _forward_op(q, k, v, ld, lw, state, chunk)
+    return out, last
 
 
 def causal_linear_attention_reference(

@@ -82,16 +82,30 @@ def _launch(x: Tensor, cos: Tensor, sin: Tensor, backward: bool) -> Tensor:
     return out.view(b, h, s, d)
 
 
-class _Rope(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, cos, sin):  # noqa: ANN001, ANN205
-        ctx.save_for_backward(cos, sin)
-        return _launch(x, cos, sin, backward=False)
+# A custom operator (not an autograd.Function), so that torch.compile keeps a model that calls the kernel in one
+# graph: dynamo records the op as it is, inductor calls it, and the fake below gives its output's shape.
+@torch.library.custom_op("xfam::rope", mutates_args=())
+def _rope_op(x: Tensor, cos: Tensor, sin: Tensor, backward: bool) -> Tensor:
+    return _launch(x, cos, sin, backward)
 
-    @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
-        cos, sin = ctx.saved_tensors
-        return _launch(grad, cos, sin, backward=True), None, None
+
+@_rope_op.register_fake
+def _(x: Tensor, cos: Tensor, sin: Tensor, backward: bool) -> Tensor:
+    return x.new_empty(x.shape)  # [B, H, S, Dh], contiguous as _launch's
+
+
+def _rope_setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    _, cos, sin, backward = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.backward = backward
+
+
+def _rope_backward(ctx, grad):  # noqa: ANN001, ANN202
+    cos, sin = ctx.saved_tensors
+    return _rope_op(grad.contiguous(), cos, sin, not ctx.backward), None, None, None
+
+
+_rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 
 def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -101,7 +115,7 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
         raise RuntimeError(f"the fused RoPE kernel cannot run here: {reason}")
     if cos.shape != signed_sin.shape or cos.shape[0] != x.shape[2] or cos.shape[1] % 2 or cos.shape[1] > x.shape[3]:
         raise ValueError(f"tables {tuple(cos.shape)} do not fit x {tuple(x.shape)}: [S, r], r even, r <= Dh")
-    return _Rope.apply(x, cos.to(x.dtype), signed_sin.to(x.dtype))
+    return _rope_op(x, cos.to(x.dtype), signed_sin.to(x.dtype), False)
 
 
 def rope_reference(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check of the Triton kernels in one run on a CUDA host
 # (at most ~9 minutes; docs/kernels.md, "Running them on your CUDA host"): kernel parity on CUDA (bf16 included),
-# the end-to-end training check and ~3 minutes of the benchmark grid. Each step has its own time limit, so a slow step
-# cannot starve the others; everything written so far is kept. It writes 7 files into $OUT
+# the end-to-end training check, the inductor check of the kernels as custom operators and ~3 minutes of the
+# benchmark grid. Each step has its own time limit, so a slow step cannot starve the others; everything written
+# so far is kept. It writes 7 files into $OUT
 # (default runs/gpu_checks): gpu.txt, parity.txt, e2e.txt, kernel_e2e.json, bench.txt, benchmarks.md and its .jsonl.
 #
 #   python scripts/gpu_wheels.py               # only for a host without a package index: wheels into .whl/
@@ -44,6 +45,48 @@ echo "== end to end: 200 steps, attention=vanilla pos=alibi, kernel vs SDPA =="
 timeout $((170 * SCALE)) $PY scripts/kernel_e2e.py $INTERPRET --out /tmp/xfam_e2e > "$OUT/e2e.txt" 2>&1
 echo "e2e exit $?" | tee -a "$OUT/e2e.txt"; tail -5 "$OUT/e2e.txt"
 cp /tmp/xfam_e2e/kernel_e2e.json "$OUT/" 2> /dev/null
+
+echo "== inductor: a model on each kernel compiled (torch.compile, custom ops) vs eager (appended to e2e.txt) =="
+# Without CUDA (the CPU rehearsal included) it says so and exits 0: inductor's Triton code needs a GPU.
+timeout $((150 * SCALE)) $PY - >> "$OUT/e2e.txt" 2>&1 << 'PYEOF'
+import sys, torch
+if not torch.cuda.is_available():
+    print("inductor check skipped: no CUDA device"); sys.exit(0)
+from xfam.model.build import build_model
+from xfam.training.lit.compile import dynamo_settings
+dynamo_settings()
+cases = {  # each kernel at least once: flash attention, its T5 bias, the linear-attention kernel, fused RoPE
+    "flash+rope": ({"name": "vanilla", "backend": "triton"}, {"name": "rope", "backend": "triton"}),
+    "flash+t5": ({"name": "vanilla", "backend": "triton"}, {"name": "t5"}),
+    "linear+alibi": ({"name": "performer", "backend": "triton", "redraw_every": None}, {"name": "alibi"}),
+}
+bad = 0
+for name, (attn, pos) in cases.items():
+    cfg = {"model": {"name": "g", "dim": 128, "layers": 2, "heads": 2, "max_len": 256}, "attention": attn,
+           "pos": pos, "memory": {"name": "none"}, "exit": {"name": "none"}}
+    torch.manual_seed(0)
+    model = build_model(cfg, {"task": "lm", "vocab_size": 256}).cuda().train()
+    ids = torch.randint(0, 256, (4, 256), device="cuda")
+    def loss_grads(call):
+        model.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(call(ids).logits.flatten(0, 1).float(), ids.flatten())
+        loss.backward()
+        return loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(ids)
+    eager_loss, eager_grads = loss_grads(model)
+    compiled = torch.compile(model)
+    loss_grads(compiled)  # compiles
+    loss, grads = loss_grads(compiled)
+    err = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() for a, b in zip(grads, eager_grads))
+    ok = abs(loss.item() - eager_loss.item()) <= 1e-4 * abs(eager_loss.item()) and err <= 1e-3
+    bad += not ok
+    print(f"{name}: graphs {explained.graph_count} breaks {explained.graph_break_count}; loss eager "
+          f"{eager_loss.item():.6f} compiled {loss.item():.6f}; max relative gradient error {err:.2e} "
+          f"{'OK' if ok else 'MISMATCH'}")
+sys.exit(1 if bad else 0)
+PYEOF
+echo "inductor exit $?" | tee -a "$OUT/e2e.txt"; tail -4 "$OUT/e2e.txt"
 
 echo "== benchmark =="
 # --resume: the grid's measurements already in docs/ (docs/benchmarks.kernels.jsonl) are kept and only the rest

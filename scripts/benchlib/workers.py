@@ -98,6 +98,8 @@ def build_minimal(pos: str):
             self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(0, dh, 2).float() / dh), persistent=False)
             start = 2.0 ** (-8.0 / HEADS)
             self.register_buffer("slopes", torch.tensor([start ** (i + 1) for i in range(HEADS)]), persistent=False)
+            angle = torch.arange(SEQ).float()[:, None] * 10000.0 ** (-torch.arange(0, DIM, 2).float() / DIM)
+            self.register_buffer("sinusoid", torch.stack((angle.sin(), angle.cos()), -1).flatten(1), persistent=False)
             for m in self.modules():
                 if isinstance(m, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(m.weight, std=0.02)
@@ -111,6 +113,8 @@ def build_minimal(pos: str):
             rope = mask = None
             if pos == "learned":
                 x = x + self.pos.weight[:s]
+            elif pos == "sinusoidal":  # [S, D]: sin and cos interleaved
+                x = x + self.sinusoid[:s]
             elif pos == "rope":
                 f = torch.arange(s, dtype=torch.float32)[:, None] * self.inv_freq[None]  # [S, Dh/2]
                 f = torch.cat((f, f), -1)

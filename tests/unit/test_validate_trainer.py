@@ -181,7 +181,7 @@ def test_the_table_agrees_with_lightning() -> None:
     assert set(trainer_args.ARGS) | {"precision", "strategy", "accelerator"} <= set(lightning_trainer_args())
     for option in ("cpu", "ddp_cpu", "gpu", "ddp", "fsdp"):
         keys = set(compose_cfg([f"trainer={option}"])["trainer"]) - {"nonfinite", "matmul_precision"}
-        keys -= {"max_nonfinite_skips"}  # (xfam's own, as the two above)
+        keys -= {"max_nonfinite_skips", "compile", "compile_mode"}  # (xfam's own, as the two above)
         assert keys <= set(trainer_args.ARGS) | {"precision", "strategy", "accelerator"}, option
     for values in LIGHTNING_REFUSES:
         assert trainer_args.problems({"max_steps": 10, **values}), values

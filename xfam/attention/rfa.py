@@ -58,9 +58,12 @@ class _SinCos(torch.autograd.Function):
     def forward(ctx, x, w):  # noqa: ANN001, ANN205
         proj = x @ w.mT  # [..., m]
         m = proj.shape[-1]
-        out = proj.new_empty(*proj.shape[:-1], 2 * m)
-        torch.sin(proj, out=out[..., :m])
-        torch.cos(proj, out=out[..., m:])
+        if torch.compiler.is_compiling():  # (dynamo refuses out= into non-contiguous halves; inductor fuses the cat)
+            out = torch.cat((torch.sin(proj), torch.cos(proj)), -1)
+        else:  # eager: both halves written in place, no [.., 2m] copy
+            out = proj.new_empty(*proj.shape[:-1], 2 * m)
+            torch.sin(proj, out=out[..., :m])
+            torch.cos(proj, out=out[..., m:])
         ctx.save_for_backward(out, x if ctx.needs_input_grad[1] else None, w)
         return out
 

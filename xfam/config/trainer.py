@@ -28,8 +28,16 @@ TRAINER_OWNED = (
 )
 
 
+#: ``trainer.compile_mode``: torch.compile's modes (``default`` passes none); docs/compile.md.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: Keys of the trainer section that xfam reads itself (not Lightning arguments), with their choices.
-XFAM_TRAINER = {"nonfinite": ("stop", "skip"), "matmul_precision": ("highest", "high", "medium")}
+XFAM_TRAINER = {
+    "nonfinite": ("stop", "skip"),
+    "matmul_precision": ("highest", "high", "medium"),
+    "compile_mode": COMPILE_MODES,
+}
+#: Boolean keys of the trainer section that xfam reads itself.
+XFAM_TRAINER_BOOLS = ("compile",)
 #: Integer keys of the trainer section that xfam reads itself, with their smallest valid value.
 XFAM_TRAINER_INTS = {"max_nonfinite_skips": 1}
 
@@ -61,10 +69,13 @@ def lightning_trainer_args(source: bool = True) -> list[str]:
 
 
 def check_trainer(trainer: Mapping[str, Any]) -> list[str]:
-    valid = _trainer_params() + list(XFAM_TRAINER) + list(XFAM_TRAINER_INTS)
+    valid = _trainer_params() + list(XFAM_TRAINER) + list(XFAM_TRAINER_INTS) + list(XFAM_TRAINER_BOOLS)
     out = []
     for key in trainer:
-        if key in XFAM_TRAINER_INTS:
+        if key in XFAM_TRAINER_BOOLS:
+            if not isinstance(trainer[key], bool):
+                out.append(f"trainer.{key}={trainer[key]!r}: must be true or false. Fix: trainer.{key}=true.")
+        elif key in XFAM_TRAINER_INTS:
             value, low = trainer[key], XFAM_TRAINER_INTS[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 out.append(f"trainer.{key}={value!r}: must be an integer >= {low}. Fix: trainer.{key}=10 (say).")

@@ -4,6 +4,7 @@ Positions at or beyond the table size cannot be encoded; the config check refuse
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from xfam.core.errors import ConfigError
@@ -35,7 +36,13 @@ class Learned(PositionalEncoding):
 
 
 def check_in_table(positions: Tensor, size: int, name: str, what: str = "table") -> None:
-    """Refuse ``positions [S]`` past a learned ``what`` of ``size`` rows (one host sync: the last position)."""
+    """Refuse ``positions [S]`` past a learned ``what`` of ``size`` rows (one host sync: the last position).
+
+    Skipped under ``torch.compile`` (``trainer.compile``): the host sync would split the compiled forward into a
+    graph per layer. A position past the table still fails there, in the lookup itself (an index error on CPU, a
+    device-side assert on CUDA), with a less helpful message; the run's eager evaluation checks it as here."""
+    if torch.compiler.is_compiling():
+        return
     last = int(positions[-1]) if len(positions) else 0
     if last >= size:
         raise ConfigError(

@@ -47,6 +47,7 @@ from xfam.eval.text_metrics import text_metrics
 from xfam.model.build import build_model
 from xfam.model.checkpoint import digest, metadata
 from xfam.model.transformer import ModelOutput
+from xfam.training.lit.compile import CompiledTraining, compile_mode, strip_compiled_prefix
 from xfam.training.lit.optim import make_optimizer
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ class XfamLitModule(L.LightningModule):
         self._resume: dict[str, Any] | None = None
         self._sums: dict[str, Any] = {}  # summed batch statistics (tensors) and the int count of batches
         self._texts: GeneratedTexts | None = None  # seq2seq: the generated outputs of this evaluation
+        self._compile_mode = compile_mode(config)  # trainer.compile: the mode, or None (lit/compile.py)
+        self._compiled: CompiledTraining | None = None  # made in on_fit_start, after sharding and device moves
 
     def setup(self, stage: str) -> None:
         """In a spawned rank (``trainer=ddp_cpu``, ``fsdp_cpu``), rank 0 logs into the run's ``train.log`` and
@@ -116,9 +119,16 @@ class XfamLitModule(L.LightningModule):
 
     # -- steps -----------------------------------------------------------------------------------
     def forward(self, batch: dict[str, Tensor], memory: list[Any] | None = None, train: bool = False) -> ModelOutput:
-        """``train``: pass the loss's targets, for exit policies that train per-layer classifiers."""
+        """``train``: pass the loss's targets, for exit policies that train per-layer classifiers, and run the
+        compiled model under ``trainer.compile`` (evaluation stays eager: ``xfam.training.lit.compile``)."""
         targets = batch.get(TARGET_KEYS.get(self.task, "labels")) if train else None
-        return forward_batch(self.model, batch, memory=memory, targets=targets)
+        model = self._compiled.call if train and self._compiled is not None else self.model
+        return forward_batch(model, batch, memory=memory, targets=targets)
+
+    def on_fit_start(self) -> None:
+        """``trainer.compile``: wrap the model once it is sharded (``configure_model``) and on its device."""
+        if self._compile_mode is not None and self._compiled is None:
+            self._compiled = CompiledTraining(self.model, self._compile_mode)
 
     def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return batch_stats(self.task, out.logits, batch, self.token_bytes, out.depth, self.model.num_layers)
@@ -245,6 +255,7 @@ class XfamLitModule(L.LightningModule):
 
     # -- exact resume ----------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"] = strip_compiled_prefix(checkpoint["state_dict"])  # never torch.compile's names
         checkpoint["xfam"] = metadata(self.config, self.data_info)
         datamodule: Any = getattr(self.trainer, "datamodule", None)
         stream = datamodule.stream_state() if hasattr(datamodule, "stream_state") else None
@@ -267,6 +278,8 @@ class XfamLitModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "state_dict" in checkpoint:  # (called before the state dict is loaded)
+            checkpoint["state_dict"] = strip_compiled_prefix(checkpoint["state_dict"])
         resume = checkpoint.get("xfam_resume")
         if resume is None or self._trainer is None:
             return

@@ -134,6 +134,7 @@ def make_trainer(
     trainer_kw = dict(cfg["trainer"])
     guard = NonFiniteGuard(trainer_kw.pop("nonfinite", "stop"), run_dir, trainer_kw.pop("max_nonfinite_skips", 10))
     precision = MatmulPrecision(trainer_kw.pop("matmul_precision", "highest"))
+    trainer_kw.pop("compile", None), trainer_kw.pop("compile_mode", None)  # read by XfamLitModule (lit/compile.py)
     if cbs.progress_bar == "none" or not sys.stdout.isatty():
         trainer_kw["enable_progress_bar"] = False
     sharded = str(trainer_kw.get("strategy")) in SHARDED_STRATEGIES
