@@ -55,12 +55,14 @@ format: setup  ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix xfam kernels tests scripts train.py
 	$(BIN)/ruff format xfam kernels tests scripts train.py
 
-bench: setup  ## training throughput vs x-transformers and a minimal model, the encoder-decoder, block options, scale-out, data (docs/benchmarks.md), compiled training (docs/compile.md), decoding (docs/decoding.md)
+bench: setup  ## training throughput vs x-transformers and a minimal model, the encoder-decoder, block options, scale-out, data, memory models (docs/benchmarks.md), scaling (docs/scaling.md), compiled training (docs/compile.md), decoding (docs/decoding.md)
 	$(BIN)/python scripts/bench_train.py
 	$(BIN)/python scripts/bench_seq2seq.py
 	$(BIN)/python scripts/bench_blocks.py
 	$(BIN)/python scripts/bench_scaleout.py
 	$(BIN)/python scripts/bench_data.py
+	$(BIN)/python scripts/bench_memory_models.py --profile
+	$(BIN)/python scripts/bench_scaling.py
 	$(BIN)/python scripts/bench_compile.py
 	$(BIN)/python scripts/bench_generate.py
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of the Triton kernels in one run on a CUDA host
 # (at most ~9 minutes; docs/kernels.md, "Running them on your CUDA host"): kernel parity on CUDA (bf16 included),
-# the end-to-end training check, the inductor check of the kernels as custom operators and ~3 minutes of the
+# the end-to-end training check, the inductor check of the kernels as custom operators, compiled decoding
+# (default and CUDA graphs) against eager and ~3 minutes of the
 # benchmark grid. Each step has its own time limit, so a slow step cannot starve the others; everything written
 # so far is kept. It writes 7 files into $OUT
 # (default runs/gpu_checks): gpu.txt, parity.txt, e2e.txt, kernel_e2e.json, bench.txt, benchmarks.md and its .jsonl.
@@ -87,6 +88,37 @@ for name, (attn, pos) in cases.items():
 sys.exit(1 if bad else 0)
 PYEOF
 echo "inductor exit $?" | tee -a "$OUT/e2e.txt"; tail -4 "$OUT/e2e.txt"
+
+echo "== decoding: the compiled fixed-shape step (default and CUDA graphs) vs eager (appended to e2e.txt) =="
+timeout $((120 * SCALE)) $PY - >> "$OUT/e2e.txt" 2>&1 << 'PYEOF'
+import sys, time, torch
+if not torch.cuda.is_available():
+    print("decoding check skipped: no CUDA device"); sys.exit(0)
+from xfam.eval.generate import generate
+from xfam.model.build import build_model
+cfg = {"model": {"name": "g", "dim": 256, "layers": 4, "heads": 4, "max_len": 4096, "dropout": 0.0},
+       "attention": {"name": "vanilla"}, "pos": {"name": "rope"}, "memory": {"name": "none"}, "exit": {"name": "none"}}
+torch.manual_seed(0)
+model = build_model(cfg, {"task": "lm", "vocab_size": 256}).cuda().eval()
+prompt = torch.randint(0, 256, (1, 256), device="cuda")
+bad = 0
+eager = generate(model, prompt, 256, temperature=0, decoder="eager")
+for mode in ("default", "reduce-overhead"):
+    kw = dict(temperature=0, decoder="compiled", compile_mode=None if mode == "default" else mode)
+    generate(model, prompt, 256, **kw)  # compiles
+    torch.cuda.synchronize(); start = time.perf_counter()
+    got = generate(model, prompt, 256, **kw)
+    torch.cuda.synchronize(); seconds = time.perf_counter() - start
+    ok = torch.equal(got.tokens, eager.tokens) and torch.allclose(got.logits, eager.logits, atol=1e-4)
+    bad += not ok
+    print(f"decode {mode}: {256 / seconds:,.0f} new tokens/s at batch 1; greedy tokens and logits vs eager "
+          f"{'OK' if ok else 'MISMATCH'}")
+torch.cuda.synchronize(); start = time.perf_counter()
+generate(model, prompt, 256, temperature=0, decoder="eager")
+torch.cuda.synchronize(); print(f"decode eager: {256 / (time.perf_counter() - start):,.0f} new tokens/s at batch 1")
+sys.exit(1 if bad else 0)
+PYEOF
+echo "decoding exit $?" | tee -a "$OUT/e2e.txt"; tail -4 "$OUT/e2e.txt"
 
 echo "== benchmark =="
 # --resume: the grid's measurements already in docs/ (docs/benchmarks.kernels.jsonl) are kept and only the rest

@@ -23,7 +23,7 @@ def test_the_gpu_checks_rehearse_on_cpu_and_leave_their_files(tmp_path: Path) ->
         ["bash", "scripts/gpu_checks.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
     log = res.stdout + res.stderr
-    for step in ("parity", "e2e", "bench"):
+    for step in ("parity", "e2e", "inductor", "decoding", "bench"):
         assert f"{step} exit 0" in log, log[-4000:]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == ["bench.txt", "benchmarks.kernels.jsonl", "benchmarks.md", "e2e.txt", "gpu.txt",
