@@ -92,8 +92,11 @@ MEMORY: Registry[Memory] = Registry("memory", Memory)
 
 
 def fifo(old: Tensor | None, new: Tensor, keep: int) -> Tensor | None:
-    """The last ``keep`` entries of ``[old | new]`` along dim 1 (None when ``keep`` is 0)."""
+    """The last ``keep`` entries of ``[old | new]`` along dim 1 (None when ``keep`` is 0). Copies only the
+    entries kept: none when ``new`` alone fills the memory (a segment at least as long as it)."""
     if keep == 0:
         return None
-    both = new if old is None else torch.cat((old, new), dim=1)
-    return both[:, -keep:]
+    n = new.shape[1]
+    if old is None or n >= keep:
+        return new[:, -keep:]
+    return torch.cat((old[:, -(keep - n) :], new), dim=1)

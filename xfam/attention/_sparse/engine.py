@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from xfam.attention._sparse import chunked
 from xfam.attention._sparse.pattern import SparsePattern
+from xfam.attention._sparse.scores import _additive, _batch_ok, _pairs, _softmax
 from xfam.core.bias import ScoreBias
 from xfam.core.mask import AttnMask, same_document
 from xfam.core.state import expand_kv
@@ -134,40 +136,6 @@ def _keys(x: Tensor, geo: Geometry, b: int) -> Tensor:
     return torch.cat((out, glob), dim=-2)
 
 
-def _batch_ok(mask: AttnMask, pos: Tensor, q_pos: Tensor) -> Tensor | None:
-    """Padding and document constraints at key positions ``pos [Hp, nQ, Kb]`` for queries at
-    ``q_pos [nQ, b]``: broadcastable to ``[B, Hp, nQ, b, Kb]``, or None."""
-    out = None
-    n = max(mask.k_len, int(q_pos.max().item()) + 1)
-    pos = pos.clamp(0, mask.k_len - 1)  # out-of-range keys are masked by the geometry already
-    if mask.key_padding is not None:
-        pad = mask.key_padding.to(pos.device)  # [B, Sk]
-        out = pad[:, pos][:, :, :, None, :]
-    if mask.segments is not None:
-        seg = F.pad(mask.segments.to(pos.device), (0, n - mask.k_len), value=-1)  # [B, n]
-        q_seg = seg[:, q_pos]  # [B, nQ, b]
-        same = same_document(q_seg[:, None, :, :, None], seg[:, pos][:, :, :, None, :])  # [B, Hp, nQ, b, Kb]
-        out = same if out is None else out & same
-    return out
-
-
-def _softmax(scores: Tensor, ok: Tensor, rows_ok: bool = False) -> Tensor:
-    """Softmax over allowed entries; rows with none allowed give zeros (and finite gradients).
-    ``rows_ok`` promises every row has an allowed entry, which saves the final multiply."""
-    probs = torch.softmax(scores.masked_fill(~ok, torch.finfo(scores.dtype).min), dim=-1)
-    return probs if rows_ok else probs * ok.any(dim=-1, keepdim=True)
-
-
-def _additive(geo: Geometry, dtype: torch.dtype) -> Tensor:
-    """``geo.ok`` as an additive mask (0 / dtype min), cached per dtype."""
-    cache = geo.additive
-    if dtype not in cache:
-        cache[dtype] = torch.zeros(geo.ok.shape, dtype=dtype, device=geo.ok.device).masked_fill_(
-            ~geo.ok, torch.finfo(dtype).min
-        )
-    return cache[dtype]
-
-
 def block_sparse_attention(
     q: Tensor,
     k: Tensor,
@@ -182,6 +150,11 @@ def block_sparse_attention(
     k, v = expand_kv(k, h), expand_kv(v, h)  # [B, H, Sk, Dh]
     geo = geometry(pattern, mask, q.device)
     b, n_q = pattern.block, geo.k_pos.shape[1]
+    if chunked.applies(bias, dropout):  # in chunks of query blocks, recomputed in the backward (chunked.py)
+        out, empty = chunked.attend(q, k, v, chunked.plan(q, geo, b, mask, bias))
+        if empty is None and not geo.rows_ok:
+            empty = ~geo.ok.any(-1)[None]  # [1, Hp, nQ, b]
+        return _finish(out, empty, q, k, v, geo, mask, bias, dropout)
     qb = _blocks(q * (1 / math.sqrt(d)), n_q, b)  # [B, H, nQ, b, Dh], scaled once here
     kg, vg = _keys(k, geo, b), _keys(v, geo, b)  # [B, H, nQ, Kb, Dh] (Kb: block keys, then global keys)
     scores = qb @ kg.transpose(-1, -2)  # [B, H, nQ, b, Kb]
@@ -200,8 +173,25 @@ def block_sparse_attention(
     if dropout:
         probs = F.dropout(probs, dropout)
     out = probs @ vg  # [B, H, nQ, b, Dh]
-    out = out.reshape(bsz, h, n_q * b, d)[:, :, :s_q]
+    return _finish(out.reshape(bsz, h, n_q * b, d)[:, :, :s_q], empty, q, k, v, geo, mask, bias, dropout)
+
+
+def _finish(
+    out: Tensor,
+    empty: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    geo: Geometry,
+    mask: AttnMask,
+    bias: ScoreBias | None,
+    dropout: float,
+) -> Tensor:
+    """The block part's output ``[B, H, Sq, Dh]`` completed: queries that see no key (``empty
+    [B|1, Hp, nQ, b]``) take their own value, global queries their dense rows."""
+    bsz, h, s_q, _ = out.shape
     if empty is not None:  # the AttnMask convention: a query that may see nothing attends to itself
+        n_q, b = empty.shape[-2:]
         empty = empty.expand(bsz, h, n_q, b).reshape(bsz, h, n_q * b, 1)[:, :, :s_q]
         out = torch.where(empty, v[:, :, mask.offset : mask.offset + s_q], out)
     if len(geo.g_rows):  # global queries see every visible key: a few dense rows
@@ -247,13 +237,6 @@ def flash_sparse_attention(
         rows = dense_rows(q[:, :, geo.g_rows], expand_kv(k, h), expand_kv(v, h), geo.g_rows, mask, bias, 0.0)
         out = out.index_copy(2, geo.g_rows, rows)
     return out
-
-
-def _pairs(bias: ScoreBias, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """The bias on visited pairs; per-head key positions (a leading ``Hp = H`` dim) pick head h."""
-    if k_pos.shape[0] == 1:
-        return bias.pairs(q_pos[0], k_pos[0])  # [H, nQ, b, Kb]
-    return torch.stack([bias.pairs(q_pos[0], k_pos[h])[h] for h in range(k_pos.shape[0])])
 
 
 def dense_rows(
