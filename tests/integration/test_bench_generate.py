@@ -1,6 +1,7 @@
 """scripts/bench_generate.py: its roofline counts what a step must read and compute (the keys a query sees, the
-weights once), both systems decode the same model shape (but for x-transformers' FFN biases), and a quick run checks the compiled path's greedy
-tokens against eager decoding's and writes its table and chart into docs/decoding.md's marked section only."""
+weights once), both systems decode the same model shape (but for x-transformers' FFN biases), and a quick run
+checks the compiled path's greedy tokens against eager decoding's and writes its table and chart into
+docs/decoding.md's marked section only."""
 
 from __future__ import annotations
 
