@@ -73,6 +73,8 @@ def test_a_learned_bias_and_dropout_take_the_whole_path() -> None:
     assert chunked.applies(AlibiBias(4, 4), 0.0) and chunked.applies(None, 0.0)
     with torch.no_grad():  # nothing learns without grad
         assert chunked.applies(table, 0.0)
+    per_call = type("PerCallTerm", (), {"pairs": lambda self, q_pos, k_pos: q_pos - k_pos})()  # not a module (ETC's)
+    assert not chunked.applies(per_call, 0.0)
     q, k, v = qkv(20, 20, dtype=torch.float32)
     mask = AttnMask(q_len=20, k_len=20, causal=True)
     (block_sparse_attention(q, k, v, WindowPattern(5, 4, True), mask, table) * torch.rand(2, 4, 20, 8)).sum().backward()

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from xfam.attention._sparse.scores import _additive, _batch_ok, _pairs
@@ -50,11 +50,14 @@ class Plan(NamedTuple):
 
 def applies(bias: ScoreBias | None, dropout: float) -> bool:
     """Whether the chunked path runs: no attention dropout (its masks would not be redrawn alike in
-    the backward) and no score bias whose parameters need a gradient."""
+    the backward) and no score bias that needs a gradient: one with trainable parameters, or one that is not a
+    module at all (a per-call term computed from the queries, ETC's relative scores), whose gradient the chunked
+    backward would not carry."""
     if dropout:
         return False
-    learns = bias is not None and torch.is_grad_enabled() and any(p.requires_grad for p in bias.parameters())
-    return not learns
+    if bias is None or not torch.is_grad_enabled():
+        return True
+    return isinstance(bias, nn.Module) and not any(p.requires_grad for p in bias.parameters())
 
 
 def plan(q: Tensor, geo: Any, block: int, mask: AttnMask, bias: ScoreBias | None, budget: int | None = None) -> Plan:
