@@ -91,7 +91,7 @@ def layer_rows(
     if problems := full_layer_problems(block, carry):
         log_once(f"early exit: exited tokens run the whole layer: {'; '.join(problems)}")
         return None
-    if ctx.step is not None:  # a fixed-shape step: only when every row has exited is there work to skip (below)
+    if ctx.step is not None:  # a fixed-shape step: work is skipped only when every row has exited (module docstring)
         return None if bool(running.any()) else _write_rows(block, h, ctx, state, carry)
     if ctx.decoding and h.shape[1] == 1:
         if not (problems := kv_only_problems(block)):
