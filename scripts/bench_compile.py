@@ -71,8 +71,7 @@ def build(system: str, pos: str, total_steps: int) -> tuple[Any, Any, Any, Any]:
 
 def run_worker(system: str, pos: str, warmup: int, steps: int, threads: int) -> dict[str, Any]:
     import torch
-    import torch.nn.functional as F
-    from benchlib.workers import _batches, _result, _rss_now_mb, timed
+    from benchlib.workers import _batches, _result, _rss_now_mb, timed, train_step
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -84,16 +83,7 @@ def run_worker(system: str, pos: str, warmup: int, steps: int, threads: int) -> 
     losses: list[float] = []
 
     def step(i: int) -> None:
-        batch = batches[i % len(batches)]
-        opt.zero_grad(set_to_none=True)
-        out = call(batch["input_ids"])
-        logits = out if system.startswith("minimal") else out.logits  # XfamModel returns a ModelOutput
-        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
-        losses.append(loss.item())
+        losses.append(train_step(call, opt, sched, batches[i % len(batches)], not system.startswith("minimal")))
 
     times, cpu, _ = timed(step, n, warmup, False)
     res = {**_result(model, times, losses, rss, warmup), **cpu, "first_step_s": round(times[0], 2)}

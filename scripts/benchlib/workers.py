@@ -216,13 +216,28 @@ def profile_ops(prof: Any, steps: int) -> dict[str, Any]:
     return {"ops": ops, "optimizer_ms": round(opt_ms, 3)}
 
 
+def train_step(call: Any, opt: Any, sched: Any, batch: dict[str, Any], xfam: bool) -> float:
+    """One training step of ``call`` on ``batch``: forward, cross-entropy, backward, optimizer (and scheduler) step;
+    the loss. ``xfam``: ``call`` returns a ``ModelOutput`` (an ``XfamModel``), else the logits."""
+    import torch.nn.functional as F
+
+    opt.zero_grad(set_to_none=True)
+    out = call(batch["input_ids"])
+    logits = out.logits if xfam else out
+    loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+    loss.backward()
+    opt.step()
+    if sched is not None:
+        sched.step()
+    return loss.item()
+
+
 def run_plain(system: str, pos: str, warmup: int, steps: int, profile: bool = False) -> dict[str, Any]:
     """Build one system and time ``warmup + steps`` training steps in a plain loop.
 
     With ``profile``, the ``steps`` steps after the warm-up run under ``torch.profiler`` instead,
     and the result is each op's self CPU time per step.
     """
-    import torch.nn.functional as F
 
     n = warmup + steps
     batches = _batches(min(n, 8))  # a few distinct batches, cycled (same data for every system)
@@ -237,16 +252,7 @@ def run_plain(system: str, pos: str, warmup: int, steps: int, profile: bool = Fa
     losses = []
 
     def step(i: int) -> None:
-        batch = batches[i % len(batches)]
-        opt.zero_grad(set_to_none=True)
-        out = model(batch["input_ids"])
-        logits = out.logits if system == "xfam" else out  # XfamModel returns a ModelOutput
-        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
-        losses.append(loss.item())
+        losses.append(train_step(model, opt, sched, batches[i % len(batches)], system == "xfam"))
 
     times, cpu, ops = timed(step, n, warmup, profile)
     if ops is None:

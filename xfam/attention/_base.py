@@ -170,17 +170,20 @@ class AttentionMechanism(nn.Module, Component):
         continue in fixed shape (the caller then decodes eagerly from ``prefix``)."""
         return None
 
-    def decode_step(self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None):
+    def decode_step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None
+    ) -> Tensor:
         """One new token at position ``pos`` (a 0-dim long tensor): ``q [B, H, 1, Dh]``, ``k, v [B, Hkv, 1, Dh]``;
         updates ``state`` (from ``static_state``) in place and returns ``[B, H, 1, Dh]``. No mask, padding,
-        persistent keys or score modifier reach it (the static cache refuses models that need them)."""
-        raise NotImplementedError(self.static_problem())
+        persistent keys or score modifier reach it (the static cache refuses models that need them). Abstract:
+        called only for a mechanism whose ``static_problem`` is None, which implements it."""
+        raise NotImplementedError(self.static_problem())  # abstract (a mechanism without a fixed-shape step)
 
     def static_write(self, k: Tensor, v: Tensor, state: DecodeState, pos: Tensor, bias: ScoreBias | None) -> None:
         """``decode_step``'s update of ``state`` for a token that does not attend (an early-exited token's copied
         state, which later tokens read: ``xfam.model.propagate``): its key and value ``[B, Hkv, 1, Dh]`` at ``pos``
-        (``bias``: a distance decay of running sums applies to the update too)."""
-        raise NotImplementedError(self.static_problem())
+        (``bias``: a distance decay of running sums applies to the update too). Abstract, as ``decode_step``."""
+        raise NotImplementedError(self.static_problem())  # abstract (a mechanism without a fixed-shape step)
 
 
 ATTENTION: Registry[AttentionMechanism] = Registry("attention", AttentionMechanism)

@@ -147,7 +147,7 @@ class Stack:
             return self.run_layer(step, x)
         carried, h = x[:, : plan.ride], x[:, plan.ride :]
         block: Block = self.blocks[step % len(self.blocks)]
-        ctx = self.context(plan.offset if plan.decoding else 0)
+        ctx = self.context(self._front(step))  # (no memory reaches here: run_layer takes those calls)
         h = self._layer_positions(step, h)
         self.carry.step = step
         res = propagate.layer_rows(block, h, running[:, plan.ride :], ctx, self._state(step), self.carry, self.source)
