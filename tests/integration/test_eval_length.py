@@ -87,9 +87,11 @@ def test_seq_len_and_mem_len_equal_a_run_composed_with_them(xl_ckpt: Path, corpu
 
 
 def test_the_memory_length_changes_the_result(xl_ckpt: Path) -> None:
-    """What the test above would miss if mem_len were ignored: the carried memory matters."""
+    """What the test above would miss if mem_len were ignored: the carried memory matters. (An ignored
+    mem_len gives the same loss to the bit; how much the memory helps a model trained for a few steps
+    depends on the machine's arithmetic, 1e-4 relative on one CI machine.)"""
     losses = {m: evaluate_split(str(xl_ckpt), "test", limit=2, seq_len=64, mem_len=m).metrics for m in (0, 64)}
-    assert losses[0]["test/loss"] != pytest.approx(losses[64]["test/loss"], rel=1e-4)
+    assert losses[0]["test/loss"] != pytest.approx(losses[64]["test/loss"], rel=1e-6)
 
 
 def test_learned_positions_past_the_table_are_refused_before_any_data(

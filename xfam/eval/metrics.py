@@ -25,6 +25,8 @@ def batch_stats(
     token_bytes: Tensor | None,
     depth: Tensor | None = None,
     layers: int | None = None,
+    *,
+    float64: bool = True,
 ) -> dict[str, Tensor]:
     """Sums over one batch: ``nll``, ``count``, ``correct``, for byte-backed text ``bytes`` (lm, seq2seq: the bytes
     the target tokens stand for), and with a per-token ``depth [B, S]`` of a ``layers``-deep model, ``depth`` and
@@ -33,7 +35,9 @@ def batch_stats(
     (-100 = no target), classify ``label [B]``; regress reads ``targets [B, S, F]`` and sums the squared errors of
     the predictions ``logits [B, S, F]`` as ``nll`` and their absolute errors as ``abs_err`` over ``count`` values.
     Decision (``xfam.model.inputs``): discrete actions are ``labels [B, K]`` (as tag), continuous ones ``targets
-    [B, K, A]`` (as regress) over the real steps of ``step_mask [B, K]``."""
+    [B, K, A]`` (as regress) over the real steps of ``step_mask [B, K]``. Per-token tasks sum the tokens' ``nll``
+    in float64 (a metric equal however the tokens are split, e.g. ``xfam knnlm``'s per-token sums); ``float64=False``
+    keeps the float32 sum of the training objective (``reduction="sum"``: the losses of earlier runs, bit for bit)."""
     logits = logits.float()
     if "targets" in batch:  # regress; decision with continuous actions (its padded steps out: step_mask)
         err = logits - batch["targets"].float()  # [B, S, F]
@@ -55,7 +59,11 @@ def batch_stats(
         keep = batch.get("key_padding")
     else:
         labels = batch["labels"]  # [B, S], -100 = no target
-        nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+        flat = (logits.flatten(0, 1), labels.flatten())  # [B*S, V], [B*S]
+        if float64:  # (an ignored target adds 0)
+            nll = F.cross_entropy(*flat, ignore_index=-100, reduction="none").double().sum()
+        else:
+            nll = F.cross_entropy(*flat, ignore_index=-100, reduction="sum")
         keep = labels != -100
         stats = {"nll": nll, "count": keep.sum().float(), "correct": ((logits.argmax(-1) == labels) & keep).sum()}
         if task in ("lm", "seq2seq") and token_bytes is not None and token_bytes.numel():

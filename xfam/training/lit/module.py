@@ -130,15 +130,18 @@ class XfamLitModule(L.LightningModule):
         if self._compile_mode is not None and self._compiled is None:
             self._compiled = CompiledTraining(self.model, self._compile_mode)
 
-    def _stats(self, out: ModelOutput, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        return batch_stats(self.task, out.logits, batch, self.token_bytes, out.depth, self.model.num_layers)
+    def _stats(self, out: ModelOutput, batch: dict[str, Tensor], train: bool = False) -> dict[str, Tensor]:
+        """The batch's sums; ``train``: the objective's float32 sum (``batch_stats``)."""
+        return batch_stats(
+            self.task, out.logits, batch, self.token_bytes, out.depth, self.model.num_layers, float64=not train
+        )
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         if self.uses_memory:
             out, self._memory = self._carried(batch, self._memory, train=True)
         else:
             out = self(batch, train=True)
-        stats = self._stats(out, batch)
+        stats = self._stats(out, batch, train=True)
         loss = stats["nll"] / stats["count"].clamp_min(1)
         self.log("train/loss", loss, prog_bar=True)
         total = loss
