@@ -206,3 +206,48 @@ def test_every_kind_of_state_compiles(case: str) -> None:
     compiled = generate(model, prompt, 30, temperature=0, decoder="compiled")
     assert torch.equal(eager.tokens, compiled.tokens)
     assert torch.allclose(eager.logits, compiled.logits, atol=1e-5)
+
+
+def _orig(step: fast_decode.CompiledStep) -> object:
+    return step.fn._torchdynamo_orig_callable.__code__  # type: ignore[attr-defined]
+
+
+def test_every_model_batch_and_size_has_a_step_of_its_own() -> None:
+    """Dynamo keeps graphs per code object (8 at most): steps sharing one would be evicted past 8 and, with frozen
+    weights, could compute with another model's weights."""
+    a, b = build_model(pos="rope"), build_model(pos="rope")
+    steps = [fast_decode.compiled_step(m, batch, 16, None) for m in (a, b) for batch in (1, 2)]
+    assert len({id(_orig(s)) for s in steps}) == 4
+    assert fast_decode.compiled_step(a, 1, 16, None) is steps[0]  # found again, not remade
+    assert fast_decode.compiled_step(a, 1, 32, None, make=False) is None
+
+
+def test_a_step_with_frozen_weights_is_remade_when_the_weights_change() -> None:
+    model = build_model(pos="rope")
+    frozen = fast_decode.compiled_step(model, 1, 16, "max-autotune")
+    plain = fast_decode.compiled_step(model, 1, 16, None)
+    assert frozen is not None and plain is not None and frozen.frozen and not plain.frozen
+    assert fast_decode.compiled_step(model, 1, 16, "max-autotune") is frozen
+    with torch.no_grad():
+        next(model.parameters()).mul_(1.5)  # in place, as an optimizer step: same storage, a new version
+    assert not frozen.current(model) and plain.current(model)
+    again = fast_decode.compiled_step(model, 1, 16, "max-autotune")
+    assert again is not frozen and again is not None and again.current(model)
+    model.load_state_dict(build_model(pos="rope").state_dict())
+    assert not again.current(model)
+
+
+@pytest.mark.slow
+def test_a_frozen_step_generates_with_the_current_weights() -> None:
+    """compile_mode=max-autotune on a CPU freezes the weights into the step: greedy tokens equal eager decoding's,
+    and after an update in place the step is recompiled, never run with the old weights."""
+    model = build_model(pos="rope", layers=2)
+    prompt = torch.randint(0, V, (1, 6))
+    for _ in range(2):
+        eager = generate(model, prompt, 12, temperature=0, decoder="eager")
+        frozen = generate(model, prompt, 12, temperature=0, decoder="compiled", compile_mode="max-autotune")
+        assert torch.equal(eager.tokens, frozen.tokens)
+        assert torch.allclose(eager.logits, frozen.logits, atol=1e-5)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))

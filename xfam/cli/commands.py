@@ -253,7 +253,8 @@ GENERATE = Command(
             "compile_mode",
             Choice("default", "reduce-overhead", "max-autotune"),
             "default",
-            "torch.compile mode of the compiled step (reduce-overhead: CUDA graphs)",
+            "torch.compile mode of the compiled step (max-autotune: on a CPU weights frozen, GEMMs tuned, ~3x faster "
+            "per token after ~20 s of compiling; reduce-overhead: CUDA graphs)",
         ),
         DEVICE,
     ),

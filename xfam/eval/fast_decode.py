@@ -16,11 +16,22 @@ process. Decoders (``generate(decoder=...)``):
   model (its depth varies per token, which one compiled graph cannot follow; the fixed-shape cache still
   spares the growing cache's copies, and a skipped layer writes its keys and values in place); else
   ``eager``. Logged once with the reason.
+
+Compile modes (``compile_mode``, ``torch.compile``'s): the default compiles in seconds. On a CPU,
+``max-autotune`` also freezes the weights into the compiled step (inductor's ``freezing``: constants,
+folded and packed for its C++ GEMM micro-kernels, chosen by benchmarking) -- about 3x faster per token at
+batch 1, after some 20 s of compiling, for decoding that runs long; the step is recompiled when the
+model's weights change (an optimizer step, ``load_state_dict``). On CUDA, ``reduce-overhead`` adds CUDA
+graphs. Each (model, batch, cache size, mode) gets its own compiled step (``CompiledStep``): one graph,
+never shared with another model, never evicted by dynamo's limit of graphs per function.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+import types
+import weakref
 from typing import Any
 
 import torch
@@ -38,14 +49,73 @@ COMPILE_FROM = 2048
 #: The cache is sized in multiples of this many tokens, so nearby lengths share one compiled step.
 ROUND = 256
 
-#: (mode, device type) -> the compiled step (dynamo keeps one graph per model and shapes under it)
-_compiled: dict[tuple[str | None, str], Any] = {}
-_seen: set[tuple[int, int, int]] = set()  # (model id, batch, capacity) compiled in this process
+#: ``compile_mode``s that freeze the weights into the step on a CPU (see the module docstring)
+FROZEN_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 
 
 def _step(model: XfamModel, tokens: Tensor, cache: StaticCache) -> Tensor:
     """One token per row ``tokens [B, 1]`` at ``cache.pos``: the next-token logits ``[B, V]``."""
     return model(tokens, cache=cache).logits[:, -1]
+
+
+def _weights(model: XfamModel) -> tuple[tuple[int, int], ...]:
+    """Where every parameter and buffer lives and how often it was written in place: what a step with frozen
+    weights must see unchanged (an optimizer step and ``load_state_dict`` write in place, ``.to`` moves)."""
+    return tuple((t.data_ptr(), t._version) for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+class CompiledStep:
+    """``_step`` compiled for one model, batch size, cache size and mode. It compiles a copy of ``_step`` with a
+    code object of its own: dynamo keeps its graphs per code object, at most ``recompile_limit`` of them (then it
+    runs eagerly), and a frozen graph holds one model's weights, so a step shared between models could be
+    evicted or, frozen, compute with another model's weights. On a CPU inductor's C++ wrapper calls the kernels
+    without Python in between (0.72 vs 0.87 ms per token for a 4-layer width-256 model, 2-core AMD EPYC)."""
+
+    def __init__(self, model: XfamModel, mode: str | None, device: str):
+        fresh = types.FunctionType(_step.__code__.replace(), _step.__globals__, _step.__name__)
+        self.frozen = device == "cpu" and mode in FROZEN_MODES
+        cpu_mode = "max-autotune-no-cudagraphs" if self.frozen else mode  # (no CUDA graphs to make on a CPU)
+        self.fn = torch.compile(fresh, dynamic=False, mode=cpu_mode if device == "cpu" else mode)
+        self.settings = {"cpp_wrapper": True, "freezing": self.frozen} if device == "cpu" else {}
+        self.weights = _weights(model) if self.frozen else ()
+        self.ready = False
+
+    def current(self, model: XfamModel) -> bool:
+        """Whether the step still computes with ``model``'s weights (always, unless frozen)."""
+        return not self.frozen or self.weights == _weights(model)
+
+    def __call__(self, model: XfamModel, tokens: Tensor, cache: StaticCache) -> Tensor:
+        if self.ready:
+            return self.fn(model, tokens, cache)
+        how = "weights frozen, GEMMs autotuned: tens of seconds" if self.frozen else "seconds"
+        log.info("compiling the decode step (%s; once per model, batch and cache size in this process)", how)
+        start = time.perf_counter()
+        with torch._inductor.config.patch(self.settings):  # (read while compiling, on the first call)
+            logits = self.fn(model, tokens, cache)
+        self.ready = True
+        log.info("decode step compiled in %.1f s", time.perf_counter() - start)
+        return logits
+
+
+#: model -> {(batch, capacity, mode): its compiled step}; a model's steps go with it
+_steps: weakref.WeakKeyDictionary[XfamModel, dict[tuple[int, int, str | None], CompiledStep]]
+_steps = weakref.WeakKeyDictionary()
+
+
+def compiled_step(
+    model: XfamModel, batch: int, capacity: int, mode: str | None, make: bool = True
+) -> CompiledStep | None:
+    """The model's compiled step for ``batch`` rows and a cache of ``capacity`` tokens, made if missing (and
+    ``make``) or when its frozen weights are no longer the model's; None when missing and not ``make``."""
+    steps = _steps.setdefault(model, {})
+    step = steps.get((batch, capacity, mode))
+    if step is not None and not step.current(model):
+        step = None
+        if make:
+            log.info("the model's weights changed since its decode step was compiled with them frozen: recompiling")
+    if step is None and make:
+        step = steps[batch, capacity, mode] = CompiledStep(model, mode, next(model.parameters()).device.type)
+    return step
 
 
 def capacity_for(model: XfamModel, tokens: int) -> int:
@@ -54,7 +124,9 @@ def capacity_for(model: XfamModel, tokens: int) -> int:
     return min(size, model.spec.max_len) if model.pos.bounded and tokens <= model.spec.max_len else size
 
 
-def choose(model: XfamModel, batch: int, prompt: int, new: int, decoder: str, *, knn: bool = False) -> str:
+def choose(
+    model: XfamModel, batch: int, prompt: int, new: int, decoder: str, *, knn: bool = False, mode: str | None = None
+) -> str:
     """The decoder ``generate`` runs (see the module docstring), logged with the reason; a ``compiled`` or
     ``static`` request the model cannot honour is refused."""
     if decoder not in DECODERS:
@@ -77,7 +149,7 @@ def choose(model: XfamModel, batch: int, prompt: int, new: int, decoder: str, *,
     if problems[True]:
         log_once(f"decoding without the fixed-shape step: {'; '.join(problems[True])}")
         return "eager"
-    if (id(model), batch, capacity) in _seen or batch * new >= COMPILE_FROM:
+    if compiled_step(model, batch, capacity, mode, make=False) or batch * new >= COMPILE_FROM:
         log_once(f"decoding with a compiled fixed-shape step (a cache of {capacity} tokens)")
         return "compiled"
     log_once(
@@ -94,19 +166,10 @@ class StaticStream:
     goes on eagerly from the prompt's cache, with a log line."""
 
     def __init__(self, model: XfamModel, capacity: int, compiled: bool, mode: str | None = None):
-        self.model, self.capacity, self.compiled = model, capacity, compiled
+        self.model, self.capacity, self.compiled, self.mode = model, capacity, compiled, mode
         self.cache: StaticCache | DecodeCache | None = None
         self.seen = 0
-        self.step = _step
-        if compiled:
-            device = next(model.parameters()).device.type
-            if (mode, device) not in _compiled:
-                # On a CPU the step is a few dozen small kernels: inductor's C++ wrapper calls them without Python
-                # in between (0.72 vs 0.87 ms per token for a 4-layer width-256 model, 2-core AMD EPYC CPU).
-                cpu = device == "cpu" and mode in (None, "default")
-                options: dict[str, Any] | None = {"cpp_wrapper": True} if cpu else None
-                _compiled[mode, device] = torch.compile(_step, dynamic=False, mode=mode, options=options)
-            self.step = _compiled[mode, device]
+        self.step: CompiledStep | None = None  # (None: the step runs uncompiled)
 
     def __call__(self, tokens: Tensor) -> ModelOutput:
         if not isinstance(self.cache, StaticCache):  # the prompt (or eager decoding after NoStaticStep)
@@ -120,17 +183,9 @@ class StaticStream:
             raise ValueError("a fixed-shape stream grows by one token per call")
         self.seen = tokens.shape[1]
         self.token.copy_(tokens[:, -1:])  # (one input of fixed strides and address: no recompiles, CUDA graphs)
-        if not self.compiled:  # (the whole output: an early exit's depths too)
+        if self.step is None:  # (the whole output: an early exit's depths too)
             return self.model(self.token, cache=self.cache)
-        key = (id(self.model), tokens.shape[0], self.capacity)
-        if key in _seen:
-            return ModelOutput(logits=self.step(self.model, self.token, self.cache)[:, None], aux={})
-        log.info("compiling the decode step (once per model, batch and cache size in this process)")
-        start = time.perf_counter()
-        logits = self.step(self.model, self.token, self.cache)
-        _seen.add(key)
-        log.info("decode step compiled in %.1f s", time.perf_counter() - start)
-        return ModelOutput(logits=logits[:, None], aux={})
+        return ModelOutput(logits=self.step(self.model, self.token, self.cache)[:, None], aux={})
 
     def _go_static(self) -> None:
         """Move the prompt's decode state into the fixed-shape cache (or stay eager, saying why)."""
@@ -140,6 +195,8 @@ class StaticStream:
         except NoStaticStep as why:
             log.info("decoding eagerly from the prompt: %s", why)
             return
+        batch = self.token.shape[0]
+        self.step = compiled_step(self.model, batch, self.capacity, self.mode) if self.compiled else None
         if self.compiled and self.token.is_cuda:  # CUDA graphs replay fixed addresses: the cache's are inputs
             for state in self.cache.layers:
                 for t in _tensors(state):

@@ -219,8 +219,9 @@ def generate(
     """Continue ``prompt [B, T]``. Without memory the prompt is processed in one call, then each new token
     in one incremental call (an early-exit policy decides each token's depth in that call): through the
     fixed-shape step, compiled where it pays, or the eager growing cache (``decoder``: ``auto``,
-    ``compiled``, ``static``, ``eager``; ``compile_mode``: ``torch.compile``'s mode, e.g.
-    ``reduce-overhead`` for CUDA graphs; ``xfam.eval.fast_decode``). With memory
+    ``compiled``, ``static``, ``eager``; ``compile_mode``: ``torch.compile``'s mode, e.g. ``max-autotune``
+    (on a CPU the weights frozen into the step: fastest per token, slowest to compile) or ``reduce-overhead``
+    (CUDA graphs); ``xfam.eval.fast_decode``). With memory
     the stream is run in segments of ``segment_len`` (the training ``data.seq_len``) with the memory
     carried, the current segment recomputed at each step (module docstring); ``boundary``: the token that
     ends a document when the training data marked documents (``data.doc_mask``), else None. With ``knn``
@@ -238,7 +239,7 @@ def generate(
         raise ConfigError(f"generate: {'; '.join(bad)}. Fix: a value in the valid range.")
     model.eval()
     batch, length = prompt.shape
-    how = fast_decode.choose(model, batch, length, max_new_tokens, decoder, knn=knn is not None)
+    how = fast_decode.choose(model, batch, length, max_new_tokens, decoder, knn=knn is not None, mode=compile_mode)
     step: SegmentStream | CachedSegments | CachedStream | StaticStream
     if model.uses_memory:
         assert segment_len is not None  # (generation_problems refused a memory model without it)
