@@ -11,6 +11,7 @@ import pytest
 import torch
 from doubles import build_model
 
+import xfam.core.logs
 from xfam.core.errors import ConfigError
 from xfam.eval import fast_decode
 from xfam.eval.generate import generate
@@ -174,6 +175,19 @@ def test_auto_compiles_only_what_repays_it() -> None:
     assert fast_decode.choose(model, 1, 8, 16, "eager") == "eager"
     with pytest.raises(ConfigError, match="decoder='fast'.*valid: auto, compiled, static, eager"):
         fast_decode.choose(model, 1, 8, 16, "fast")
+
+
+def test_auto_names_the_faster_mode_it_leaves_to_the_user(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(xfam.core.logs, "_seen", set())  # log_once: as if nothing had been logged yet
+    model = build_model(pos="rope")
+    with caplog.at_level(logging.INFO, logger="xfam"):
+        assert fast_decode.choose(model, 8, 8, fast_decode.COMPILE_FROM // 8, "auto") == "compiled"
+        assert fast_decode.choose(model, 8, 8, fast_decode.COMPILE_FROM // 8, "auto", mode="max-autotune")
+    lines = [r.getMessage() for r in caplog.records if "compiled fixed-shape step" in r.getMessage()]
+    assert len(lines) == 2 and "compile_mode=max-autotune decodes about 2x faster" in lines[0]
+    assert "max-autotune" not in lines[1]  # (asked for already)
 
 
 def test_a_static_cache_takes_one_plain_row_per_call() -> None:
