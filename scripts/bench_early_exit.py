@@ -38,7 +38,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from benchlib.common import write_section  # noqa: E402
+from benchlib.protocol import alternate  # noqa: E402
 
 from xfam.cli.calibrate import candidates  # noqa: E402
 from xfam.eval.calibrate import ltt_threshold  # noqa: E402
@@ -118,13 +118,7 @@ def measure(
 
     systems: dict[str, Callable[[], Any]] = {"full": full, "early": early, **({"whole": old} if whole else {})}
     results = {name: call() for name, call in systems.items()}  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(rounds):
-        for name, call in systems.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    seconds = {name: statistics.median(t) for name, t in times.items()}
+    seconds = {name: statistics.median(t) for name, t in alternate(systems, rounds).items()}
     batch, length = prompt.shape
     gen = results["early"]
     layers_saved = 0.0 if gen.depth is None else 1 - float(gen.depth.float().mean()) / model.num_layers

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 from benchlib.common import DIM, HEADS, LAYERS, ROOT, VOCAB, write_section
-from benchlib.protocol import machine_meta
+from benchlib.protocol import alternate, machine_meta
 
 sys.path.insert(0, str(ROOT))
 
@@ -108,12 +108,7 @@ def run_case(name: str, batch: int, prompt: int, new: int, rounds: int) -> dict[
     for system in ("xfam compiled", "xfam max-autotune"):
         if not torch.equal(tokens[system], tokens["xfam eager"]):
             raise RuntimeError(f"{name} batch {batch} prompt {prompt}: {system} and eager greedy tokens differ")
-    times: dict[str, list[float]] = {s: [] for s in systems}
-    for _ in range(rounds):
-        for system, call in systems.items():
-            start = time.perf_counter()
-            call()
-            times[system].append(time.perf_counter() - start)
+    times = alternate(systems, rounds)
     med = {s: statistics.median(t) for s, t in times.items()}
     return {
         "model": name,

@@ -93,6 +93,18 @@ def measure(
     return res
 
 
+def alternate(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """In-process timing: every call once per round, in turn (A B C A B C ...), for ``rounds`` rounds; the
+    seconds of each call per system (warm-ups are the caller's)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def machine_meta(args: argparse.Namespace) -> dict[str, Any]:
     """Date, machine, versions, the commit, the protocol's settings and the command line of this run."""
     from importlib.metadata import version

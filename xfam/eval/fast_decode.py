@@ -109,7 +109,7 @@ def compiled_step(
 ) -> CompiledStep | None:
     """The model's compiled step for ``batch`` rows and a cache of ``capacity`` tokens, made if missing (and
     ``make``) or when its frozen weights are no longer the model's; None when missing and not ``make``."""
-    steps = _steps.setdefault(model, {})
+    steps = _steps.setdefault(model, {}) if make else _steps.get(model, {})
     step = steps.get((batch, capacity, mode))
     if step is not None and not step.current(model):
         step = None
@@ -201,7 +201,7 @@ class StaticStream:
             return
         batch = self.token.shape[0]
         self.step = compiled_step(self.model, batch, self.capacity, self.mode) if self.compiled else None
-        if self.compiled and self.token.is_cuda:  # CUDA graphs replay fixed addresses: the cache's are inputs
+        if self.step is not None and self.token.is_cuda:  # CUDA graphs replay fixed addresses: the cache's are inputs
             for state in self.cache.layers:
                 for t in _tensors(state):
                     torch._dynamo.mark_static_address(t)
